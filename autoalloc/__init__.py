@@ -1,0 +1,24 @@
+"""autoalloc: set PyTorch's CUDA allocator options for matching programs before CUDA starts.
+
+This module is imported by the startup hook in every process, so it imports nothing;
+the public names are loaded on first access.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["AutoallocWarning", "__version__", "explain", "status"]
+
+
+def __getattr__(name: str):
+    if name == "AutoallocWarning":
+        from autoalloc.report import AutoallocWarning
+
+        return AutoallocWarning
+    if name == "status":
+        from autoalloc.status import status
+
+        return status
+    if name == "explain":
+        from autoalloc.explain import explain
+
+        return explain
+    raise AttributeError(f"module 'autoalloc' has no attribute {name!r}")

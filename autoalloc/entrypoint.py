@@ -1,0 +1,144 @@
+"""Who am I: turn the interpreter's command line into the program being run.
+
+``parse(argv, cwd)`` is a pure function of the full interpreter command line
+(``sys.orig_argv``): it skips the interpreter's own options and tells a script, a
+``-m`` module, a console script, ``-c`` code, stdin or the REPL apart.
+``current()`` reads the command line of this process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Interpreter options that consume the next argument when their value is not attached.
+_SHORT_WITH_VALUE = frozenset("WX")
+_LONG_WITH_VALUE = frozenset({"--check-hash-based-pycs"})
+_SCRIPT_SUFFIXES = (".py", ".pyw", ".pyc", ".pyz")
+_WRAPPER_SUFFIXES = ("-script.pyw", "-script.py", ".exe")
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """The program a Python process runs.
+
+    ``kind`` is one of ``script``, ``module``, ``command`` (a console-script wrapper or
+    another extension-less executable script), ``code`` (``-c``), ``stdin``, ``repl`` or
+    ``unknown``. ``target`` is the absolute script path, the module name, the command's
+    basename or ``""``; ``args`` are the program's own arguments.
+    """
+
+    kind: str
+    target: str = ""
+    args: tuple[str, ...] = ()
+    path: str = ""  # for scripts and commands: the absolute path as given (symlinks kept)
+    realpath: str = ""  # the same with symlinks resolved
+
+    def describe(self) -> str:
+        if self.kind in ("script", "command", "module"):
+            return f"{self.kind} {self.target}"
+        return self.kind
+
+
+def _abspath(path: str, cwd: str | None) -> str:
+    if not os.path.isabs(path) and cwd:
+        path = os.path.join(cwd, path)
+    return os.path.normpath(path)
+
+
+def _program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
+    absolute = _abspath(path, cwd)
+    try:
+        real = os.path.realpath(absolute)
+    except (OSError, ValueError):
+        real = absolute
+    base = os.path.basename(absolute)
+    lower = base.lower()
+    if lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES):
+        return EntryPoint("script", absolute, tuple(args), absolute, real)
+    for suffix in _WRAPPER_SUFFIXES:
+        if lower.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    if os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
+        return EntryPoint("script", absolute, tuple(args), absolute, real)
+    return EntryPoint("command", base, tuple(args), absolute, real)
+
+
+def parse(argv: Sequence[str], cwd: str | None = None, stdin_isatty: bool = False) -> EntryPoint:
+    """Classify a full interpreter command line (``[python, *options, target, *args]``)."""
+    if not argv:
+        return EntryPoint("unknown")
+    i = 1
+    n = len(argv)
+    while i < n:
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if arg == "-" or not arg.startswith("-"):
+            break
+        if arg.startswith("--"):
+            i += 2 if arg in _LONG_WITH_VALUE else 1
+            continue
+        j = 1
+        while j < len(arg):
+            flag = arg[j]
+            attached = arg[j + 1 :]
+            if flag in "cm":
+                if attached:
+                    value, rest = attached, argv[i + 1 :]
+                elif i + 1 < n:
+                    value, rest = argv[i + 1], argv[i + 2 :]
+                else:
+                    return EntryPoint("unknown")
+                if flag == "c":
+                    return EntryPoint("code", "", tuple(rest))
+                return EntryPoint("module", value, tuple(rest))
+            if flag in _SHORT_WITH_VALUE:
+                if not attached:
+                    i += 1  # the value is the next argument
+                break
+            j += 1
+        i += 1
+    if i >= n:
+        return EntryPoint("repl" if stdin_isatty else "stdin")
+    if argv[i] == "-":
+        return EntryPoint("stdin", "", tuple(argv[i + 1 :]))
+    return _program(argv[i], argv[i + 1 :], cwd)
+
+
+def command_line() -> list[str]:
+    """This process's full command line: ``sys.orig_argv``, ``/proc/self/cmdline``, ``sys.argv``."""
+    orig = getattr(sys, "orig_argv", None)
+    if orig:
+        return list(orig)
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            raw = f.read()
+        if raw:
+            enc = sys.getfilesystemencoding()
+            return [a.decode(enc, "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0")]
+    except OSError:
+        pass
+    argv = getattr(sys, "argv", None) or []
+    return [sys.executable or "python", *argv]
+
+
+def current_cwd() -> str | None:
+    """The working directory, or None when it was deleted or is unreadable."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
+def current() -> EntryPoint:
+    """The entry point of this process."""
+    try:
+        isatty = os.isatty(0)
+    except OSError:
+        isatty = False
+    return parse(command_line(), current_cwd(), isatty)

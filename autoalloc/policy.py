@@ -1,0 +1,226 @@
+"""Policy: validate one TOML layer, and compose layers into one Policy with provenance.
+
+Pure functions: a TOML dict in, a ``LayerConfig`` (or a ``PolicyError`` naming the key)
+out; a list of layers in, a ``Policy`` out. Reading files is ``sources``' job.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from autoalloc import allocconf, globs
+
+LAYERS = ("builtin", "site", "user", "project", "env")
+ACTIONS = ("apply", "skip")
+CONFLICT_MODES = ("keep", "override")
+
+_TOP_KEYS = {"enabled", "on_conflict", "allocator", "rules", "disable", "trusted_dirs"}
+_RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action", "allocator"}
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
+_MAX_LIST = 10_000
+_MAX_STR = 4096
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a value came from: the layer and its file."""
+
+    layer: str
+    path: str
+
+    def describe(self) -> str:
+        return f"{self.layer} ({self.path})"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One ``[[rules]]`` entry, validated, with its patterns compiled."""
+
+    name: str
+    source: Source
+    action: str = "apply"
+    description: str = ""
+    scripts: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    imports: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    allocator: Mapping[str, str] = field(default_factory=dict)  # serialized values
+    compiled: globs.RulePatterns = field(default=globs.RulePatterns(), compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """The validated content of one policy file."""
+
+    source: Source
+    enabled: bool | None = None
+    on_conflict: str | None = None
+    allocator: Mapping[str, str] = field(default_factory=dict)
+    rules: tuple[Rule, ...] = ()
+    disable: tuple[str, ...] = ()
+    trusted_dirs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Valued:
+    """A setting with its provenance (``None`` source: autoalloc's own default)."""
+
+    value: object
+    source: Source | None = None
+    rule: str | None = None
+
+
+def _str_list(value: object, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise PolicyError(f"{where} must be a list of strings")
+    if len(value) > _MAX_LIST:
+        raise PolicyError(f"{where} has more than {_MAX_LIST} entries")
+    for item in value:
+        if not isinstance(item, str) or not item or len(item) > _MAX_STR:
+            raise PolicyError(f"{where} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def _allocator(value: object, where: str) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where} must be a table")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        try:
+            out[key] = allocconf.serialize_value(key, item)
+        except allocconf.ConfError as exc:
+            raise PolicyError(f"{where}.{key}: {exc}") from None
+    try:
+        allocconf.check_options(out)
+    except allocconf.ConfError as exc:
+        raise PolicyError(f"{where}: {exc}") from None
+    return out
+
+
+def _rule(data: object, index: int, source: Source) -> Rule:
+    where = f"rules[{index}]"
+    if not isinstance(data, dict):
+        raise PolicyError(f"{where} must be a table")
+    unknown = sorted(set(data) - _RULE_KEYS)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key {unknown[0]!r}")
+    name = data.get("name", f"{source.layer}-{index}")
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise PolicyError(f"{where}.name must be letters, digits, '-', '_' or '.' (at most 100)")
+    where = f"rules[{index}] ({name})"
+    action = data.get("action", "apply")
+    if action not in ACTIONS:
+        raise PolicyError(f"{where}.action must be 'apply' or 'skip'")
+    description = data.get("description", "")
+    if not isinstance(description, str) or len(description) > _MAX_STR:
+        raise PolicyError(f"{where}.description must be a string")
+    kinds = ("scripts", "modules", "commands", "imports", "argv")
+    lists = {k: _str_list(data[k], f"{where}.{k}") if k in data else () for k in kinds}
+    if not any(lists[k] for k in ("scripts", "modules", "commands", "imports")):
+        raise PolicyError(f"{where} needs at least one of scripts, modules, commands, imports")
+    allocator = _allocator(data["allocator"], f"{where}.allocator") if "allocator" in data else {}
+    try:
+        compiled = globs.compile_rule(lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
+    except re.error as exc:
+        raise PolicyError(f"{where}: bad pattern ({exc})") from None
+    return Rule(name, source, action, description, allocator=allocator, compiled=compiled, **lists)
+
+
+def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
+    """Check a parsed TOML document (the ``[tool.autoalloc]`` table for pyproject.toml)."""
+    if not isinstance(data, dict):
+        raise PolicyError("the policy must be a table")
+    keys = _TOP_KEYS if allow_trust else _TOP_KEYS - {"trusted_dirs"}
+    unknown = sorted(set(data) - keys)
+    if unknown:
+        hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)" if unknown[0] == "trusted_dirs" else ""
+        raise PolicyError(f"unknown key {unknown[0]!r}{hint}")
+    enabled = data.get("enabled")
+    if enabled is not None and not isinstance(enabled, bool):
+        raise PolicyError("enabled must be true or false")
+    on_conflict = data.get("on_conflict")
+    if on_conflict is not None and on_conflict not in CONFLICT_MODES:
+        raise PolicyError("on_conflict must be 'keep' or 'override'")
+    allocator = _allocator(data["allocator"], "allocator") if "allocator" in data else {}
+    raw_rules = data.get("rules", [])
+    if not isinstance(raw_rules, list) or len(raw_rules) > _MAX_LIST:
+        raise PolicyError("rules must be an array of tables ([[rules]])")
+    rules = tuple(_rule(r, i, source) for i, r in enumerate(raw_rules))
+    names = [r.name for r in rules]
+    for name in names:
+        if names.count(name) > 1:
+            raise PolicyError(f"two rules are named {name!r}")
+    disable = _str_list(data["disable"], "disable") if "disable" in data else ()
+    trusted = _str_list(data["trusted_dirs"], "trusted_dirs") if "trusted_dirs" in data else ()
+    return LayerConfig(source, enabled, on_conflict, allocator, rules, disable, trusted)
+
+
+@dataclass(frozen=True)
+class LayerStatus:
+    """What happened to one layer: ``found``, ``missing``, ``error``, ``untrusted`` or ``unset``."""
+
+    layer: str
+    path: str | None
+    status: str
+    message: str = ""
+
+
+DEFAULT_ALLOCATOR = {"expandable_segments": "True"}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """All layers composed: effective settings with provenance, and rules in match order."""
+
+    layers: tuple[LayerStatus, ...]
+    configs: tuple[LayerConfig, ...]
+    enabled: Valued
+    on_conflict: Valued
+    allocator: Mapping[str, Valued]
+    rules: tuple[Rule, ...]  # highest layer first, file order within a layer
+    dropped: Mapping[str, str]  # rule name -> why it is not active
+
+    def options_for(self, rule: Rule) -> dict[str, Valued]:
+        """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
+        options = dict(self.allocator)
+        for key, value in rule.allocator.items():
+            options[key] = Valued(value, rule.source, rule.name)
+        return options
+
+
+def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) -> Policy:
+    """Compose validated layers, given lowest first."""
+    enabled = Valued(True)
+    on_conflict = Valued("keep")
+    allocator: dict[str, Valued] = {k: Valued(v) for k, v in DEFAULT_ALLOCATOR.items()}
+    for config in configs:
+        if config.enabled is not None:
+            enabled = Valued(config.enabled, config.source)
+        if config.on_conflict is not None:
+            on_conflict = Valued(config.on_conflict, config.source)
+        for key, value in config.allocator.items():
+            allocator[key] = Valued(value, config.source)
+    rules: list[Rule] = []
+    dropped: dict[str, str] = {}
+    for level, config in enumerate(configs):
+        higher = configs[level + 1 :]
+        for rule in config.rules:
+            disabler = next((c for c in higher if rule.name in c.disable), None)
+            replacer = next((c for c in higher if any(r.name == rule.name for r in c.rules)), None)
+            if disabler is not None:
+                dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {disabler.source.describe()}"
+            elif replacer is not None:
+                why = f"replaced by the rule of the same name in {replacer.source.describe()}"
+                dropped[f"{rule.name}@{config.source.layer}"] = why
+            else:
+                rules.append(rule)
+    order = {layer: i for i, layer in enumerate(LAYERS)}
+    rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
+    return Policy(tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped)

@@ -1,0 +1,72 @@
+"""How autoalloc speaks: ``AutoallocWarning`` for things a user should fix, ``AUTOALLOC_DEBUG`` traces.
+
+Warnings point at the user's code (the ``import torch`` line, the setter call), never at
+autoalloc's or importlib's frames, and never raise into the host program, even under
+``-W error``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import warnings
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class AutoallocWarning(UserWarning):
+    """A warning from autoalloc; filter with ``-W ignore::autoalloc.AutoallocWarning``."""
+
+
+def debug_enabled() -> bool:
+    from autoalloc._startup import truthy
+
+    return truthy(os.environ.get("AUTOALLOC_DEBUG"))
+
+
+def debug(message: str) -> None:
+    """One line to stderr when ``AUTOALLOC_DEBUG`` is on."""
+    if debug_enabled():
+        try:
+            sys.stderr.write(f"autoalloc: {message}\n")
+            sys.stderr.flush()
+        except Exception:
+            pass
+
+
+_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__))
+
+
+def _is_internal(filename: str) -> bool:
+    return filename.startswith(("<frozen importlib", PACKAGE_DIR + os.sep, _IMPORTLIB_DIR + os.sep))
+
+
+def _skipped_by_warnings(filename: str) -> bool:
+    # warnings.warn does not count importlib's bootstrap frames in stacklevel.
+    return "importlib" in filename and "_bootstrap" in filename
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a ``warnings.warn`` in our caller land on user code."""
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not _is_internal(name):
+            return level
+        frame = frame.f_back
+        if not _skipped_by_warnings(frame.f_code.co_filename if frame else ""):
+            level += 1
+    return 1
+
+
+def warn(message: str, stacklevel: int | None = None) -> None:
+    """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:``."""
+    if not message.startswith("autoalloc:"):
+        message = f"autoalloc: {message}"
+    try:
+        level = user_stacklevel() if stacklevel is None else stacklevel + 1
+        warnings.warn(message, AutoallocWarning, stacklevel=level)
+    except Exception:  # `-W error` must not turn our advice into the host's crash
+        pass

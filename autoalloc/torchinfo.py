@@ -1,0 +1,86 @@
+"""Which torch is installed: version and flavour read from ``torch/version.py`` without importing torch.
+
+Importing torch (or ``importlib.metadata``) to learn its version would defeat the point,
+so this reads the small generated ``version.py`` next to the package that the import
+system found.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+_ASSIGN = re.compile(r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$""")
+_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    """The installed torch: ``version`` as in ``torch.__version__`` and its build flavour."""
+
+    version: str
+    cuda: str | None = None
+    hip: str | None = None
+    path: str = ""
+
+    @property
+    def release(self) -> tuple[int, int]:
+        m = _RELEASE.match(self.version)
+        return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+    @property
+    def flavour(self) -> str:
+        if self.hip:
+            return "rocm"
+        if self.cuda:
+            return "cuda"
+        return "cpu"
+
+    def describe(self) -> str:
+        extra = {"cuda": f"CUDA {self.cuda}", "rocm": f"ROCm/HIP {self.hip}", "cpu": "CPU-only"}
+        return f"torch {self.version} ({extra[self.flavour]})"
+
+
+def parse_version_file(text: str, path: str = "") -> TorchInfo | None:
+    """Read ``__version__``, ``cuda`` and ``hip`` from the text of ``torch/version.py``."""
+    values: dict[str, str | None] = {}
+    for line in text.splitlines():
+        m = _ASSIGN.match(line.strip())
+        if m:
+            values[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+    version = values.get("__version__")
+    if not version:
+        return None
+    return TorchInfo(version, values.get("cuda"), values.get("hip") or values.get("rocm"), path)
+
+
+def from_package_dir(package_dir: str) -> TorchInfo | None:
+    """TorchInfo for the torch package in ``package_dir`` (the folder holding ``__init__.py``)."""
+    path = os.path.join(package_dir, "version.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return parse_version_file(f.read(65536), package_dir)
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def from_spec(spec: object) -> TorchInfo | None:
+    """TorchInfo for a module spec of the ``torch`` package."""
+    locations = getattr(spec, "submodule_search_locations", None) or []
+    for location in locations:
+        info = from_package_dir(location)
+        if info:
+            return info
+    return None
+
+
+def locate(paths: Iterable[str] | None = None) -> TorchInfo | None:
+    """TorchInfo for the first torch package on ``paths`` (default ``sys.path``), as import would find it."""
+    for entry in sys.path if paths is None else paths:
+        package_dir = os.path.join(entry or os.curdir, "torch")
+        if os.path.isfile(os.path.join(package_dir, "__init__.py")):
+            return from_package_dir(package_dir)
+    return None

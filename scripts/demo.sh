@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install autoalloc into a fresh venv (with torch 2.13 CPU) and show it acting on the
+# built-in policy: a script laid out like a NeMo ASR trainer gets expandable_segments
+# before torch starts, an ordinary script does not, and `autoalloc explain` says why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+VENV=${AUTOALLOC_DEMO_VENV:-.venv}
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+"$VENV/bin/python" -m pip install -q torch==2.13.0 numpy . 2>&1 | grep -v -e '^WARNING: Location' || true
+
+demo=$(mktemp -d)
+trap 'rm -rf "$demo"' EXIT
+mkdir -p "$demo/NeMo/examples/asr/asr_ctc"
+probe='import torch; print("  torch read:", repr(torch._C._accelerator_getAllocatorSettings()))'
+echo "$probe" > "$demo/NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+echo "$probe" > "$demo/my_script.py"
+cd "$demo"
+echo "\$ python NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py    # matches the built-in rule nemo-asr-train"
+"$OLDPWD/$VENV/bin/python" NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py
+echo "\$ python my_script.py                                         # matches nothing: untouched"
+"$OLDPWD/$VENV/bin/python" my_script.py
+echo "\$ PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 python NeMo/.../speech_to_text_ctc_bpe.py   # merged, yours kept"
+PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.8 "$OLDPWD/$VENV/bin/python" NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py
+echo "\$ autoalloc explain -- python NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+"$OLDPWD/$VENV/bin/autoalloc" explain -- python NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py
