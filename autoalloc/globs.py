@@ -115,3 +115,16 @@ def compile_rule(
         commands=_either([glob(p) for p in commands]),
         argv=_either([glob(p) for p in argv], re.IGNORECASE),
     )
+
+
+def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
+    """The first of ``patterns`` (of ``kind``: scripts, modules, commands, argv) that matches ``value``."""
+    for pattern in patterns:
+        if kind == "scripts" and "/" in pattern:
+            regex, subject = path_regex(pattern), value
+        else:
+            regex = fnmatch.translate(pattern)
+            subject = os.path.basename(value) if kind == "scripts" else value
+        if re.match(regex + r"\Z", subject, re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)):
+            return pattern
+    return None

@@ -11,6 +11,7 @@ from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.globs import which
 from autoalloc.policy import Rule
 
 
@@ -28,13 +29,32 @@ def argv_reason(rule: Rule, entry: EntryPoint) -> str | None:
     patterns = rule.compiled
     if not patterns.arguments(entry.args):
         return None
-    if entry.kind == "script" and patterns.script(entry.path, entry.realpath):
-        return f"script {entry.path} matches {list(rule.scripts)}"
+    paths = (entry.path, entry.realpath)
+    if entry.kind == "script" and patterns.script(*paths):
+        return f"script matches {_which(rule.scripts, 'scripts', paths)!r}{_argv_note(rule, entry)}"
     if entry.kind == "module" and patterns.module(entry.target):
-        return f"module {entry.target} matches {list(rule.modules)}"
-    if entry.kind == "command" and (patterns.command(entry.target) or patterns.script(entry.path, entry.realpath)):
-        return f"command {entry.target} matches {list(rule.commands or rule.scripts)}"
+        return f"module matches {which(rule.modules, 'modules', entry.target)!r}{_argv_note(rule, entry)}"
+    if entry.kind == "command":
+        if patterns.command(entry.target):
+            return f"command matches {which(rule.commands, 'commands', entry.target)!r}{_argv_note(rule, entry)}"
+        if patterns.script(*paths):
+            return f"command path matches {_which(rule.scripts, 'scripts', paths)!r}{_argv_note(rule, entry)}"
     return None
+
+
+def _which(patterns: Sequence[str], kind: str, values: Sequence[str]) -> str | None:
+    for value in values:
+        found = which(patterns, kind, value) if value else None
+        if found:
+            return found
+    return None
+
+
+def _argv_note(rule: Rule, entry: EntryPoint) -> str:
+    if not rule.argv:
+        return ""
+    arg = next(a for a in entry.args if which(rule.argv, "argv", a))
+    return f" and argument {arg!r} matches {which(rule.argv, 'argv', arg)!r}"
 
 
 def import_trigger(rule: Rule, entry: EntryPoint, imported: Container[str]) -> str | None:
