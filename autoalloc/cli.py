@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from autoalloc import __version__, sources
 
 STARTER = """\
-# autoalloc policy ({where}). Reference: `autoalloc explain`, README "Policy".
+# autoalloc policy (WHERE). Reference: `autoalloc explain`, README "Policy".
 # Layers, lowest first: built-in < site < user < project (autoalloc.toml or
 # pyproject.toml [tool.autoalloc]) < the file named by AUTOALLOC_CONFIG.
 
@@ -68,7 +68,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
         return 1
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "x", encoding="utf-8") as f:
-        f.write(STARTER.format(where=where))
+        f.write(STARTER.replace("WHERE", where))
     print(f"wrote {path}")
     return 0
 

@@ -1,0 +1,92 @@
+"""The decision for the core cases: apply, skip, none, disabled, inherited, merge (no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoalloc import allocconf
+from autoalloc.decide import decide
+from autoalloc.entrypoint import EntryPoint
+from autoalloc.policy import Source, compose, validate
+from autoalloc.torchinfo import TorchInfo, parse_version_file
+
+pytestmark = pytest.mark.hook
+CUDA = TorchInfo("2.13.0+cu130", cuda="13.0")
+TRAIN = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
+
+
+def policy(**data: object):
+    base = {"rules": [{"name": "asr", "scripts": ["train_asr.py"]}, {"name": "inf", "scripts": ["infer.py"], "action": "skip"}]}
+    return compose([validate({**base, **data}, Source("project", "/w/autoalloc.toml"))])
+
+
+def test_apply_writes_both_names_and_records() -> None:
+    d = decide(policy(), TRAIN, {}, CUDA)
+    assert d.action == "apply" and d.rule == "asr" and d.via == "env"
+    assert d.writes == {
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        "AUTOALLOC_APPLIED": "asr;expandable_segments:True",
+    }
+    assert d.read_var == "PYTORCH_CUDA_ALLOC_CONF" and d.value == "expandable_segments:True"
+    assert d.warnings == () and d.notes == ()
+
+
+def test_merge_keeps_user_keys_in_the_variable_torch_reads() -> None:
+    d = decide(policy(), TRAIN, {"PYTORCH_ALLOC_CONF": "max_non_split_rounding_mb:64"}, CUDA)
+    assert d.writes["PYTORCH_ALLOC_CONF"] == "max_non_split_rounding_mb:64,expandable_segments:True"
+    assert d.writes["PYTORCH_CUDA_ALLOC_CONF"] == d.writes["PYTORCH_ALLOC_CONF"]
+
+
+def test_skip_none_disabled() -> None:
+    assert decide(policy(), EntryPoint("script", "/w/infer.py", (), "/w/infer.py"), {}, CUDA).action == "skip"
+    none = decide(policy(), EntryPoint("script", "/w/other.py", (), "/w/other.py"), {}, CUDA)
+    assert none.action == "none" and none.writes == {}
+    disabled = decide(policy(enabled=False), TRAIN, {}, CUDA)
+    assert disabled.action == "disabled" and "/w/autoalloc.toml" in disabled.reason and disabled.writes == {}
+
+
+def test_inherited_from_parent_is_silent() -> None:
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False", "AUTOALLOC_APPLIED": "asr;expandable_segments:False"}
+    d = decide(policy(), TRAIN, env, CUDA)
+    assert d.action == "inherited" and d.warnings == () and d.writes == {}
+    # the user changed the variable after the parent decided: decide afresh
+    env["PYTORCH_CUDA_ALLOC_CONF"] = "garbage_collection_threshold:0.5"
+    assert decide(policy(), TRAIN, env, CUDA).action == "apply"
+
+
+def test_conflict_keep_and_override() -> None:
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    kept = decide(policy(), TRAIN, env, CUDA)
+    assert kept.value == "expandable_segments:False" and len(kept.warnings) == 1
+    assert "keeping expandable_segments:False" in kept.warnings[0]
+    over = decide(policy(on_conflict="override"), TRAIN, env, CUDA)
+    assert over.value == "expandable_segments:True" and over.warnings == ()
+
+
+def test_late_trigger_uses_setter_with_full_string() -> None:
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"}
+    pol = compose([validate({"rules": [{"name": "nb", "imports": ["nemo.collections.asr"]}]}, Source("user", "/u"))])
+    d = decide(pol, EntryPoint("code"), env, CUDA, {"nemo.collections.asr"}, late=True)
+    assert d.setter_value == "max_split_size_mb:256,expandable_segments:True" and d.via == "setter"
+
+
+def test_every_written_string_parses() -> None:
+    pol = policy(allocator={"garbage_collection_threshold": 0.6, "roundup_power2_divisions": {"64": 8, ">": 1}})
+    d = decide(pol, TRAIN, {"PYTORCH_CUDA_ALLOC_CONF": " max_split_size_mb : 512 "}, CUDA)
+    for name in allocconf.ALL_VARS:
+        if name in d.writes:
+            allocconf.parse(d.writes[name])
+    assert (
+        d.value
+        == "max_split_size_mb:512,expandable_segments:True,garbage_collection_threshold:0.6,roundup_power2_divisions:[64:8,>:1]"
+    )
+
+
+def test_version_file_parsing() -> None:
+    text = "__version__ = '2.14.1+cu130'\ndebug = False\ncuda: Optional[str] = '13.0'\nhip: Optional[str] = None\n"
+    info = parse_version_file(text)
+    assert info == TorchInfo("2.14.1+cu130", "13.0", None) and info.flavour == "cuda" and info.release == (2, 14)
+    assert parse_version_file("__version__ = '2.13.0+cpu'\ncuda = None\n").flavour == "cpu"
+    assert parse_version_file("hip = '6.2'\n__version__ = \"2.11.0+rocm6.2\"\n").flavour == "rocm"
+    assert parse_version_file("nothing here") is None

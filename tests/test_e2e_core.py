@@ -1,0 +1,250 @@
+"""End to end: real interpreters of the test venv, the real hook, real torch; torch says what it read."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROBE, Sandbox, autoalloc_warnings, probe_result
+
+NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+ES = "expandable_segments:True"
+
+
+def assert_applied(result, expected: str = ES) -> dict:
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == expected
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
+    if probe["cuda_build"]:  # torch 2.14.1 CUDA: what the CUDA allocator itself parsed
+        assert probe["snapshot_expandable_segments"] is ("expandable_segments:True" in expected)
+    return probe
+
+
+def assert_untouched(result) -> dict:
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == ""
+    assert probe["env"] == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_HIP_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
+    assert probe["applied"] is None
+    if probe["cuda_build"]:
+        assert probe["snapshot_expandable_segments"] is False
+    return probe
+
+
+def test_builtin_rule_by_script_path(sandbox: Sandbox, torch_python: str) -> None:
+    sandbox.script(NEMO)
+    result = sandbox.run([NEMO], python=torch_python)
+    probe = assert_applied(result)
+    assert probe["applied"] == "nemo-asr-train;expandable_segments:True"
+    assert result.stderr == ""
+
+
+def test_user_rule_by_module(sandbox: Sandbox, torch_python: str) -> None:
+    sandbox.user_policy('[[rules]]\nname = "mine"\nmodules = ["myproj.train*"]\n')
+    sandbox.write("myproj/__init__.py", "")
+    sandbox.script("myproj/train_ctc.py")
+    assert_applied(sandbox.run(["-m", "myproj.train_ctc"], python=torch_python))
+
+
+def test_project_rule_by_console_script(sandbox: Sandbox) -> None:
+    sandbox.write(
+        "pyproject.toml",
+        '[project]\nname = "p"\n\n[tool.autoalloc]\n[[tool.autoalloc.rules]]\nname = "cli"\ncommands = ["my-train"]\n',
+    )
+    sandbox.write("myproj/__init__.py", "")
+    sandbox.write("myproj/cli.py", "def main():\n" + "".join(f"    {line}\n" for line in PROBE.strip().splitlines()))
+    import sys
+
+    wrapper = sandbox.write(
+        "bin/my-train",
+        f"#!{sys.executable}\nimport re\nimport sys\nsys.path.insert(0, {str(sandbox.work)!r})\n"
+        "from myproj.cli import main\nif __name__ == '__main__':\n"
+        "    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])\n    sys.exit(main())\n",
+    )
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    assert_applied(sandbox.run([str(wrapper)], python=""))
+
+
+def test_non_matching_process_is_untouched_and_silent(sandbox: Sandbox, torch_python: str) -> None:
+    result = sandbox.run(["-c", PROBE], python=torch_python)
+    assert_untouched(result)
+    assert result.stderr == ""
+
+
+def test_disable_env_and_enabled_false(sandbox: Sandbox) -> None:
+    sandbox.script(NEMO)
+    for value in ("1", "true", "YES", "on"):
+        assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": value}))
+    sandbox.write("NeMo/autoalloc.toml", "enabled = false\n")
+    result = sandbox.run([NEMO])
+    assert_untouched(result)
+    assert result.stderr == ""
+
+
+def test_each_layer_wins_over_the_one_below(sandbox: Sandbox) -> None:
+    sandbox.script("train_asr.py")
+    rule = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
+    sandbox.site_policy(rule + "[allocator]\ngarbage_collection_threshold = 0.1\n")
+    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.1")
+    sandbox.user_policy("[allocator]\ngarbage_collection_threshold = 0.2\n")
+    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.2")
+    sandbox.write("autoalloc.toml", "[allocator]\ngarbage_collection_threshold = 0.3\n")
+    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.3")
+    env_file = sandbox.write(sandbox.root / "env.toml", "[allocator]\ngarbage_collection_threshold = 0.4\n", base=Path("/"))
+    assert_applied(
+        sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}), f"{ES},garbage_collection_threshold:0.4"
+    )
+    # rules too: a higher layer's skip beats the lower layer's apply
+    env_file.write_text('[[rules]]\nname = "no"\nscripts = ["train_asr.py"]\naction = "skip"\n')
+    assert_untouched(sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}))
+
+
+def test_existing_options_are_merged(sandbox: Sandbox, torch_python: str) -> None:
+    sandbox.script(NEMO)
+    result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.7"}, python=torch_python)
+    assert_applied(result, f"garbage_collection_threshold:0.7,{ES}")
+    assert result.stderr == ""
+    result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, python=torch_python)
+    probe = assert_applied(result, f"max_split_size_mb:512,{ES}")
+    if probe["cuda_build"]:
+        assert probe["snapshot_max_split_size"] == 512 * 1024 * 1024
+    (warning,) = autoalloc_warnings(result.stderr)  # the max_split_size_mb caveat, once
+    assert "max_split_size_mb" in warning
+
+
+def test_explicit_false_is_kept_unless_override(sandbox: Sandbox, torch_python: str) -> None:
+    script = sandbox.script(NEMO)
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
+    result = sandbox.run([NEMO], env=env, python=torch_python)
+    assert_applied(result, "expandable_segments:False")
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert f"{script}:" in warning and "keeping expandable_segments:False" in warning
+    sandbox.write("NeMo/autoalloc.toml", 'on_conflict = "override"\n')
+    result = sandbox.run([NEMO], env=env, python=torch_python)
+    assert_applied(result)
+    assert result.stderr == ""
+
+
+TRIGGER_PKG = {"asrkit/__init__.py": "", "asrkit/data.py": "LOADED = True\n"}
+
+
+def test_import_trigger_before_torch(sandbox: Sandbox) -> None:
+    sandbox.user_policy('[[rules]]\nname = "kit"\nimports = ["asrkit.data"]\n')
+    for path, text in TRIGGER_PKG.items():
+        sandbox.write(path, text)
+    result = sandbox.run(["-c", "import asrkit.data\n" + PROBE], env={"AUTOALLOC_DEBUG": "1"})
+    probe = assert_applied(result)
+    assert probe["applied"] == "kit;expandable_segments:True"
+    assert "runtime setter" not in result.stderr
+
+
+def test_import_trigger_after_torch_uses_the_setter(sandbox: Sandbox, torch_python: str) -> None:
+    sandbox.user_policy('[[rules]]\nname = "kit"\nimports = ["asrkit.data"]\n')
+    for path, text in TRIGGER_PKG.items():
+        sandbox.write(path, text)
+    code = "import torch\nimport asrkit.data\n" + PROBE
+    result = sandbox.run(
+        ["-c", code],
+        env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6", "AUTOALLOC_DEBUG": "1"},
+        python=torch_python,
+    )
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    # the full merged string went to the setter (each setter call resets the keys it omits)
+    assert probe["getter"] == f"garbage_collection_threshold:0.6,{ES}"
+    assert "via the runtime setter" in result.stderr
+    if probe["cuda_build"]:
+        assert probe["snapshot_expandable_segments"] is True
+    # ... and children inherit it through the environment
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == f"garbage_collection_threshold:0.6,{ES}"
+
+
+CHILDREN = """
+import os, subprocess, sys, torch
+from torch.utils.data import DataLoader, Dataset
+
+class DS(Dataset):
+    def __len__(self):
+        return 4
+    def __getitem__(self, i):
+        return os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "", torch._C._accelerator_getAllocatorSettings()
+
+def main():
+    seen = set()
+    loader = DataLoader(DS(), batch_size=1, num_workers=2, multiprocessing_context="spawn")
+    for env_value, getter in loader:
+        seen.add((env_value[0], getter[0]))
+    print("WORKERS", sorted(seen))
+    out = subprocess.run([sys.executable, "-c", "import torch; print(torch._C._accelerator_getAllocatorSettings())"],
+                         capture_output=True, text=True)
+    print("CHILD", out.stdout.strip(), "STDERR", repr(out.stderr))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_children_inherit_without_a_second_warning(sandbox: Sandbox) -> None:
+    sandbox.write(NEMO, CHILDREN)
+    result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    assert result.returncode == 0, result.stderr
+    assert "WORKERS [('expandable_segments:False', 'expandable_segments:False')]" in result.stdout
+    assert "CHILD expandable_segments:False STDERR ''" in result.stdout
+    assert len(autoalloc_warnings(result.stderr)) == 1
+    result = sandbox.run([NEMO])
+    assert f"WORKERS [('{ES}', '{ES}')]" in result.stdout and f"CHILD {ES} STDERR ''" in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("enabled = [unclosed\n", "not valid TOML"),
+        ("enabled = 'yes'\n", "enabled must be true or false"),
+        ("surprise = 1\n", "unknown key 'surprise'"),
+        ("[allocator]\nexpandable_segments = 'True'\n", "allocator.expandable_segments"),
+    ],
+)
+def test_bad_policy_costs_one_warning(sandbox: Sandbox, text: str, fragment: str) -> None:
+    bad = sandbox.write("NeMo/autoalloc.toml", text)
+    sandbox.write(NEMO, PROBE + "raise SystemExit(3)\n")
+    result = sandbox.run([NEMO])
+    assert result.returncode == 3
+    assert_applied_probe = probe_result(result.stdout)
+    assert assert_applied_probe["getter"] == ES  # the layer is skipped, the built-in rule still applies
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert str(bad) in warning and fragment in warning
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_trace(sandbox: Sandbox) -> None:
+    sandbox.script(NEMO)
+    result = sandbox.run([NEMO], env={"AUTOALLOC_DEBUG": "1"})
+    lines = [line for line in result.stderr.splitlines() if line.startswith("autoalloc: ")]
+    assert any("apply rule nemo-asr-train" in line for line in lines)
+    other = sandbox.run(["-c", "import torch"], env={"AUTOALLOC_DEBUG": "1"})
+    assert "autoalloc: code: none (no rule matches)" in other.stderr
+
+
+def test_isolated_mode_is_respected(sandbox: Sandbox) -> None:
+    sandbox.script(NEMO)
+    assert_untouched(sandbox.run(["-I", str(sandbox.work / NEMO)]))
+
+
+def test_hook_imports_nothing_at_startup(sandbox: Sandbox) -> None:
+    result = sandbox.run(["-X", "importtime", "-c", "pass"], env={"PYTHONDONTWRITEBYTECODE": "1"})
+    lines = [line.split("|")[-1] for line in result.stderr.splitlines() if line.startswith("import time:")]
+    index = next(i for i, name in enumerate(lines) if name.strip() == "autoalloc._startup")
+    depth = len(lines[index]) - len(lines[index].lstrip())
+    nested = []
+    for name in reversed(lines[:index]):
+        if len(name) - len(name.lstrip()) <= depth:
+            break
+        nested.append(name.strip())
+    assert nested == ["autoalloc"]
+    assert os.path.basename(lines[index + 1].strip()) != "autoalloc"

@@ -1,0 +1,89 @@
+"""Glob semantics and first-match order (no torch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autoalloc.entrypoint import EntryPoint
+from autoalloc.match import first_match, pending_triggers
+from autoalloc.policy import Source, compose, validate
+
+pytestmark = pytest.mark.hook
+
+
+def rules(*specs: dict, layer: str = "user"):
+    return compose([validate({"rules": list(specs)}, Source(layer, f"/{layer}"))]).rules
+
+
+def script(path: str, *args: str) -> EntryPoint:
+    return EntryPoint("script", path, args, path, path)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("**/examples/asr/**/speech_to_text_*.py", "/h/NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py", True),
+        ("**/examples/asr/**/speech_to_text_*.py", "/h/NeMo/examples/asr/speech_to_text_finetune.py", True),
+        ("**/examples/asr/**/speech_to_text_*.py", "/h/NeMo/examples/tts/speech_to_text_x.py", False),
+        ("examples/asr/*.py", "/h/NeMo/examples/asr/x.py", True),  # relative: may start anywhere
+        ("examples/asr/*.py", "/h/NeMo/examples/asr/sub/x.py", False),  # '*' stays in one directory
+        ("**/egs/*/ASR/*/train*.py", "/w/icefall/egs/librispeech/ASR/zipformer/train.py", True),
+        ("**/egs/*/ASR/*/train*.py", "/w/icefall/egs/librispeech/ASR/zipformer/sub/train.py", False),
+        ("/abs/only/*.py", "/abs/only/t.py", True),
+        ("/abs/only/*.py", "/x/abs/only/t.py", False),
+        ("**/asr_chunked_inference/**", "/n/examples/asr/asr_chunked_inference/ctc/speech_to_text_buffered.py", True),
+        ("train_asr*.py", "/anything/at/all/train_asr_v2.py", True),  # bare name: file name
+        ("train_asr*.py", "/anything/train_asr/other.py", False),
+        ("t?ain.py", "/a/train.py", True),
+        ("[tx]rain.py", "/a/train.py", True),
+        ("[!tx]rain.py", "/a/train.py", False),
+        ("**/run_speech_recognition_ctc.py", "/run_speech_recognition_ctc.py", True),
+    ],
+)
+def test_script_globs(pattern: str, path: str, expected: bool) -> None:
+    match = first_match(rules({"name": "r", "scripts": [pattern]}), script(path))
+    assert (match.rule is not None) is expected
+
+
+def test_realpath_also_matches() -> None:
+    entry = EntryPoint(
+        "script", "/home/u/link/train.py", (), "/home/u/link/train.py", "/data/NeMo/examples/asr/speech_to_text_ctc.py"
+    )
+    assert first_match(rules({"name": "r", "scripts": ["**/examples/asr/**/speech_to_text_*.py"]}), entry).rule
+
+
+def test_modules_commands_and_argv_condition() -> None:
+    rs = rules(
+        {"name": "fair", "commands": ["fairseq-*train"], "modules": ["fairseq_cli.*"], "argv": ["*wav2vec*", "*HUBERT*"]},
+        {"name": "esp", "modules": ["espnet2.bin.*_train"]},
+    )
+    assert first_match(rs, EntryPoint("module", "espnet2.bin.asr_train")).rule.name == "esp"
+    assert first_match(rs, EntryPoint("module", "espnet2.bin.asr_inference")).rule is None
+    cmd = EntryPoint("command", "fairseq-hydra-train", ("--config-dir", "examples/wav2vec/config"), "/v/bin/fairseq-hydra-train")
+    assert first_match(rs, cmd).rule.name == "fair"
+    assert "argument 'examples/wav2vec/config' matches '*wav2vec*'" in first_match(rs, cmd).reason
+    assert first_match(rs, EntryPoint("command", "fairseq-train", ("task=translation",))).rule is None
+    assert first_match(rs, EntryPoint("module", "fairseq_cli.train", ("--task", "hubert_pretraining"))).rule.name == "fair"
+
+
+def test_first_match_in_order_and_imports() -> None:
+    rs = rules(
+        {"name": "deny", "imports": ["vllm"], "action": "skip"},
+        {"name": "allow", "scripts": ["train.py"], "imports": ["nemo.collections.asr"]},
+    )
+    assert first_match(rs, script("/x/train.py"), {"vllm"}).rule.name == "deny"
+    assert first_match(rs, script("/x/train.py")).rule.name == "allow"
+    by_import = first_match(rs, EntryPoint("code"), {"nemo.collections.asr"})
+    assert by_import.rule.name == "allow" and by_import.trigger == "nemo.collections.asr"
+    assert first_match(rs, EntryPoint("code"), {"nemo"}).rule is None
+    assert pending_triggers(rs, {"vllm"}) == {"nemo.collections.asr"}
+
+
+def test_higher_layer_rules_first() -> None:
+    policy = compose(
+        [
+            validate({"rules": [{"name": "low", "scripts": ["train.py"]}]}, Source("builtin", "/b")),
+            validate({"rules": [{"name": "high", "scripts": ["train.py"], "action": "skip"}]}, Source("project", "/p")),
+        ]
+    )
+    assert first_match(policy.rules, script("/x/train.py")).rule.name == "high"

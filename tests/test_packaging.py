@@ -1,0 +1,83 @@
+"""The wheel carries the hook files, and a fresh venv with the wheel installed runs the hook."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, Sandbox, probe_result
+
+NEMO = "NeMo/examples/asr/speech_to_text_finetune.py"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(REPO)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (path,) = out.glob("autoalloc-*.whl")
+    return path
+
+
+def test_wheel_contents(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        assert {"autoalloc.pth", "autoalloc.start", "autoalloc/_startup.py", "autoalloc/builtin.toml"} <= names
+        assert zf.read("autoalloc.pth") == (REPO / "autoalloc.pth").read_bytes()
+        assert zf.read("autoalloc.start") == b"autoalloc._startup:main\n"
+        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        assert "autoalloc.pth," in zf.read(record).decode()  # so that uninstall removes it
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    hard = [r for r in requires if "extra ==" not in r]
+    assert hard == ["Requires-Dist: platformdirs>=3", "Requires-Dist: tomli>=1.1; python_version < '3.11'"]
+    assert any("torch==2.13.0" in r and "extra == 'test'" in r for r in requires)
+    assert not any(r.startswith("Requires-Dist: torch") and "extra" not in r for r in requires)
+
+
+def test_editable_install_of_the_test_venv_has_the_hook() -> None:
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    assert (purelib / "autoalloc.pth").read_bytes() == (REPO / "autoalloc.pth").read_bytes()
+    assert (purelib / "autoalloc.start").exists()
+    assert any(p.name.startswith("_editable_impl_autoalloc") for p in purelib.glob("*.pth"))
+
+
+@pytest.mark.slow
+def test_fresh_venv_with_the_wheel_runs_the_hook(wheel: Path, sandbox: Sandbox) -> None:
+    venv = sandbox.root / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    py = str(venv / "bin" / "python")
+    # autoalloc from the wheel, with its dependency resolved by pip; torch borrowed from the
+    # test venv through a plain path entry (that site-packages' own .pth files are not run).
+    subprocess.run([py, "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    site = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    torch_dir = os.path.dirname(os.path.dirname(__import__("torch").__file__))
+    Path(site, "zz_borrowed_torch.pth").write_text(torch_dir + "\n")
+    assert Path(site, "autoalloc.pth").exists() and Path(site, "autoalloc.start").exists()
+
+    sandbox.script(NEMO)
+    result = sandbox.run([NEMO], python=py)
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == "expandable_segments:True"
+    assert probe["applied"] == "nemo-asr-train;expandable_segments:True"
+    assert result.stderr == ""
+    where = subprocess.run([py, "-c", "import autoalloc; print(autoalloc.__file__)"], capture_output=True, text=True)
+    assert where.stdout.startswith(site)
+    # uninstalling removes both hook files
+    subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "autoalloc"], check=True, capture_output=True)
+    assert not Path(site, "autoalloc.pth").exists() and not Path(site, "autoalloc.start").exists()
+    again = sandbox.run([NEMO], python=py)
+    assert again.returncode == 0 and probe_result(again.stdout)["getter"] == "" and again.stderr == ""
