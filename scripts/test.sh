@@ -27,4 +27,4 @@ if [ "$FULL" = 1 ]; then
 fi
 
 "$VENV/bin/ruff" check autoalloc tests benchmarks
-"$VENV/bin/python" -m pytest "$@"
+"$VENV/bin/python" -m pytest -n "${AUTOALLOC_TEST_WORKERS:-auto}" "$@"
