@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -31,7 +32,12 @@ def _bool(v: object) -> str:
     return "True" if v else "False"
 
 
-def _int(low: int | None = None, high: int | None = None, pow2: bool = False) -> Callable[[object], str]:
+# Torch 2.10+ reads integers with ``stoull``, but up to 2.9 most of them went through ``stoi``
+# (a 32-bit int: a larger number raises std::out_of_range): no integer option may exceed this.
+MAX_INT = (1 << 31) - 1
+
+
+def _int(low: int | None = None, high: int | None = MAX_INT, pow2: bool = False) -> Callable[[object], str]:
     def check(v: object) -> str:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfError("must be an integer")
@@ -48,14 +54,18 @@ def _int(low: int | None = None, high: int | None = None, pow2: bool = False) ->
 
 def _fraction(closed: bool) -> Callable[[object], str]:
     def check(v: object) -> str:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
             raise ConfError("must be a number")
         ok = 0.0 <= v <= 1.0 if closed else 0.0 < v < 1.0
         if not ok:
             raise ConfError("must be in [0, 1]" if closed else "must be between 0 and 1 (exclusive)")
+        if 0 < v < sys.float_info.min:  # a subnormal number: torch's stod raises out_of_range
+            raise ConfError("is too small")
         text = repr(float(v))
-        if "e" in text:  # keep torch's number parser on plain decimals
-            text = f"{float(v):.17f}".rstrip("0")
+        if "e" in text:  # keep torch's number parser on plain decimals, exactly (1e-20 must not become "0.")
+            from decimal import Decimal
+
+            text = format(Decimal(text), "f")
         return text
 
     return check
@@ -72,9 +82,10 @@ def _choice(*choices: str) -> Callable[[object], str]:
 
 def _roundup(v: object) -> str:
     if isinstance(v, int) and not isinstance(v, bool):
-        if v == 0 or (v > 0 and not v & (v - 1)):
+        # torch accepts 0 (no rounding) only inside the list form
+        if 0 < v <= MAX_INT and not v & (v - 1):
             return str(v)
-        raise ConfError("must be a power of 2 (or 0)")
+        raise ConfError(f"must be a power of 2 (at most {MAX_INT})")
     if not isinstance(v, Mapping) or not v:
         raise ConfError('must be a power of 2 or a table such as { "64" = 8, ">" = 1 }')
     parts = []
@@ -83,7 +94,7 @@ def _roundup(v: object) -> str:
     for i, (boundary, divisions) in enumerate(items):
         if isinstance(divisions, bool) or not isinstance(divisions, int):
             raise ConfError(f"divisions for {boundary!r} must be an integer")
-        if divisions != 0 and (divisions < 0 or divisions & (divisions - 1)):
+        if divisions != 0 and (divisions < 0 or divisions > MAX_INT or divisions & (divisions - 1)):
             raise ConfError(f"divisions for {boundary!r} must be a power of 2 (or 0)")
         if boundary == ">":
             if i != len(items) - 1:
@@ -91,8 +102,8 @@ def _roundup(v: object) -> str:
         else:
             if not boundary.isdigit() or not boundary.isascii():
                 raise ConfError(f'boundary {boundary!r} must be a size in MiB or ">"')
-            size = int(boundary)
-            if size <= 0 or size & (size - 1) or size <= last:
+            size = int(boundary) if len(boundary) <= 20 else MAX_INT + 1  # int() refuses > 4300 digits
+            if size <= 0 or size > MAX_INT or size & (size - 1) or size <= last:
                 raise ConfError(f"boundary {boundary!r} must be an increasing power of 2")
             last = size
             boundary = str(size)
@@ -135,6 +146,17 @@ KEYS: dict[str, Key] = {
 }
 
 
+def version_error(key: str, value: str, release: tuple[int, int]) -> str | None:
+    """Why a valid ``value`` is still refused by an older torch ``release``, or None.
+
+    Up to 2.9 torch checked ``max_split_size_mb`` and ``max_non_split_rounding_mb`` with
+    ``> 20`` ("must be > 20"); 2.10 relaxed it to ``>= 20``.
+    """
+    if key in ("max_split_size_mb", "max_non_split_rounding_mb") and release < (2, 10) and value == "20":
+        return "must be > 20 before torch 2.10"
+    return None
+
+
 def serialize_value(key: str, value: object) -> str:
     """Torch's text for one policy value (TOML-typed); raises ConfError for anything invalid."""
     spec = KEYS.get(key)
@@ -143,12 +165,20 @@ def serialize_value(key: str, value: object) -> str:
     return spec.check(value)
 
 
-def check_options(options: Mapping[str, str]) -> None:
-    """Cross-key constraints on serialized options; raises ConfError."""
-    split = options.get("max_split_size_mb")
-    large = options.get("large_segment_size_mb")
-    if split is not None and large is not None and int(split) < int(large):
-        raise ConfError("max_split_size_mb must be >= large_segment_size_mb")
+def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> None:
+    """Cross-key constraints on serialized options (the last occurrence of a key counts); raises ConfError.
+
+    From 2.11 ``max_split_size_mb`` and ``max_non_split_rounding_mb`` must be at least
+    ``large_segment_size_mb`` (torch: "max_split_size_mb too small, must be >= 40").
+    """
+    pairs = list(options.items()) if isinstance(options, Mapping) else list(options)
+    large = last_value(pairs, "large_segment_size_mb")
+    if large is None or not large.isdigit():
+        return
+    for key in ("max_split_size_mb", "max_non_split_rounding_mb"):
+        value = last_value(pairs, key)
+        if value is not None and value.isdigit() and int(value) < int(large):
+            raise ConfError(f"{key} must be >= large_segment_size_mb ({value} < {large})")
 
 
 def serialize(pairs: Sequence[tuple[str, str]] | Mapping[str, str]) -> str:
@@ -158,18 +188,27 @@ def serialize(pairs: Sequence[tuple[str, str]] | Mapping[str, str]) -> str:
 
 
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_ATOM_RE = re.compile(r"[^\s,:\[\]]+\Z")
+# torch's tokenizer drops the characters C's isspace() knows (ASCII only) and splits on , : [ ]
+_C_SPACE = " \t\n\v\f\r"
+_DROP_SPACE = str.maketrans("", "", _C_SPACE)
+_ATOM_RE = re.compile(r"[^ \t\n\v\f\r,:\[\]]+\Z")
+ASYNC_BACKENDS = ("cudaMallocAsync", "hipMallocAsync")
 
 
 def parse(text: str) -> list[tuple[str, str]]:
     """Split an allocator string into ``(key, value)`` pairs, whitespace removed.
 
     Raises ConfError for anything torch's tokenizer could choke on (a key without a
-    value, unbalanced brackets, stray separators). Values are not checked: an option
-    the user set is theirs to keep.
+    value, unbalanced brackets, stray or doubled separators). One trailing comma is
+    allowed: every torch accepts it. Values are not checked: an option the user set is
+    theirs to keep.
     """
-    compact = "".join(text.split())
+    compact = text.translate(_DROP_SPACE)
+    if compact.endswith(",") and not compact.endswith(",,"):
+        compact = compact[:-1]
     if not compact:
+        if text.translate(_DROP_SPACE):
+            raise ConfError("',' without an option")
         return []
     items: list[str] = []
     depth = 0
@@ -215,18 +254,56 @@ def merge(
     On a key both set to different values the environment wins unless ``override``.
     Returns the merged pairs and the conflicting keys.
     """
-    merged: list[tuple[str, str]] = []
-    conflicts: list[str] = []
-    seen: set[str] = set()
-    for key, value in existing:
-        if key in ours and ours[key] != value:
-            conflicts.append(key)
-            if override:
-                value = ours[key]
-        seen.add(key)
-        merged.append((key, value))
+    seen = {key for key, _ in existing}
+    conflicts = [k for k in ours if k in seen and last_value(existing, k) != ours[k]]
+    merged = [(key, ours[key] if override and key in conflicts else value) for key, value in existing]
     merged.extend((k, v) for k, v in ours.items() if k not in seen)
     return merged, conflicts
+
+
+def tokens(text: str) -> list[str]:
+    """torch's ``ConfigTokenizer``: ASCII whitespace dropped, ``, : [ ]`` each a token of their own."""
+    out: list[str] = []
+    buffer = ""
+    for ch in text:
+        if ch in ",:[]":
+            if buffer:
+                out.append(buffer)
+                buffer = ""
+            out.append(ch)
+        elif ch not in _C_SPACE:
+            buffer += ch
+    if buffer:
+        out.append(buffer)
+    return out
+
+
+def aborts_import(text: str) -> bool:
+    """Whether this value makes ``import torch`` abort (SIGABRT) on torch 2.10+ CUDA and ROCm builds.
+
+    Models the load-time scan of ``PYTORCH_CUDA_ALLOC_CONF`` (else ``PYTORCH_ALLOC_CONF``):
+    it walks ``key : value`` triples (a value may be a ``[...]`` list) and skips one
+    separator after each, without checking what the separators are; reading a token
+    past the end is an uncaught ``c10::Error`` in a static initializer. Checked against
+    torch 2.14.1 by tests/test_serializer_property.py. Up to 2.9 the scan was a regex and
+    never aborted.
+    """
+    toks = tokens(text)
+    n = len(toks)
+    i = 0
+    while i < n:
+        i += 2  # the ':' after the key, then the value
+        if i >= n:
+            return True
+        if toks[i] == "[":
+            while i < n and toks[i] != "]":
+                i += 1
+            if i >= n:
+                return True
+        if i + 1 < n:
+            i += 1  # the separator
+        i += 1
+    return False
 
 
 def last_value(pairs: Sequence[tuple[str, str]], key: str) -> str | None:
