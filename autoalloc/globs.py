@@ -15,52 +15,101 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-
-def _class(pattern: str, i: int) -> tuple[str, int]:
-    """Translate a ``[...]`` class starting at ``i``; a ``[`` without ``]`` is literal."""
-    j = i + 1
-    if j < len(pattern) and pattern[j] in "!^":
-        j += 1
-    if j < len(pattern) and pattern[j] == "]":
-        j += 1
-    while j < len(pattern) and pattern[j] != "]":
-        j += 1
-    if j >= len(pattern):
-        return re.escape("["), i + 1
-    body = pattern[i + 1 : j].replace("\\", "\\\\")
-    if body[:1] in ("!", "^"):
-        body = "^" + body[1:]
-    return f"[{body}]", j + 1
+_DSTAR = object()  # a whole '**' segment: any number of directories
 
 
-def path_regex(pattern: str) -> str:
-    """Regex source for a path glob with ``**``."""
-    if pattern.startswith("~"):
-        pattern = os.path.expanduser(pattern)
-    if not pattern.startswith(("/", "**")):
-        pattern = "**/" + pattern
-    out: list[str] = []
-    i = 0
-    while i < len(pattern):
-        if pattern.startswith("**/", i):
-            out.append("(?:[^/]*/)*")
-            i += 3
-        elif pattern.startswith("**", i):
-            out.append(".*")
-            i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
-            i += 1
-        elif pattern[i] == "[":
-            text, i = _class(pattern, i)
-            out.append(text)
-        else:
-            out.append(re.escape(pattern[i]))
-            i += 1
-    return "".join(out)
+class _AnySegment:
+    """One path segment, whatever it is (the segment a trailing ``/**`` needs)."""
+
+    def match(self, segment: str) -> bool:
+        return True
+
+
+_ANY = _AnySegment()
+
+
+class _Literal:
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def match(self, segment: str) -> bool:
+        return segment == self.text
+
+
+def _segment(part: str):
+    """A matcher for one path segment: literal, or an fnmatch glob (``[^...]`` negates too)."""
+    if not any(c in part for c in "*?["):
+        return _Literal(part)
+    return re.compile(fnmatch.translate(part.replace("[^", "[!")), re.DOTALL)
+
+
+class PathGlob:
+    """A script pattern with a ``/``, matched segment by segment in at most (pattern x path) steps.
+
+    ``**`` as a whole segment spans any number of directories (a trailing ``/**`` at least
+    one); elsewhere ``**`` is ``*``, as in gitignore. A regex with one ``(?:[^/]*/)*`` per
+    ``**`` (or one ``[^/]*`` per ``*``) backtracks exponentially on a hostile pattern such
+    as ``**/**/**/**/**/**/**/**/**/**/x.py`` and would hang ``import torch``; here ``**``
+    is the ``*`` of a greedy wildcard match over segments, and every other segment is an
+    fnmatch glob (linear since Python 3.9) matched against one segment.
+    """
+
+    __slots__ = ("_fixed", "_segments", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        text = os.path.expanduser(pattern) if pattern.startswith("~") else pattern
+        if not text.startswith("/") and not text.startswith("**/") and text != "**":
+            text = "**/" + text  # a relative pattern may start anywhere
+        parts = text.split("/")
+        segments: list = []
+        for i, part in enumerate(parts):
+            if part == "**":
+                if i == len(parts) - 1:
+                    segments.append(_ANY)
+                if not segments or segments[-1] is not _DSTAR:
+                    segments.append(_DSTAR)
+            else:
+                segments.append(_segment(part))
+        self._segments = tuple(segments)
+        self._fixed = sum(1 for m in segments if m is not _DSTAR)
+
+    def match(self, path: str) -> bool:
+        parts = path.split("/")
+        if self._fixed > len(parts):
+            return False
+        pattern = self._segments
+        p = s = 0
+        star = mark = -1
+        while s < len(parts):
+            if p < len(pattern) and pattern[p] is _DSTAR:
+                star, mark = p, s
+                p += 1
+            elif p < len(pattern) and pattern[p].match(parts[s]):
+                p += 1
+                s += 1
+            elif star >= 0:  # let the last '**' take one more segment, retry from there
+                mark += 1
+                p, s = star + 1, mark
+            else:
+                return False
+        while p < len(pattern) and pattern[p] is _DSTAR:
+            p += 1
+        return p == len(pattern)
+
+
+class PathGlobs:
+    """Several ``PathGlob``: ``match`` when any does."""
+
+    __slots__ = ("globs",)
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.globs = tuple(PathGlob(p) for p in patterns)
+
+    def match(self, path: str) -> bool:
+        return any(g.match(path) for g in self.globs)
 
 
 def _either(sources: Sequence[str], flags: int = 0) -> re.Pattern[str] | None:
@@ -73,7 +122,7 @@ def _either(sources: Sequence[str], flags: int = 0) -> re.Pattern[str] | None:
 class RulePatterns:
     """A rule's patterns as compiled regexes (``None`` when the rule has none of that kind)."""
 
-    paths: re.Pattern[str] | None = None  # script patterns with a '/'
+    paths: PathGlobs | None = None  # script patterns with a '/'
     names: re.Pattern[str] | None = None  # script patterns without '/': file name
     modules: re.Pattern[str] | None = None
     commands: re.Pattern[str] | None = None
@@ -109,7 +158,7 @@ def compile_rule(
 
     glob = fnmatch.translate
     return RulePatterns(
-        paths=_either([path_regex(p) for p in scripts if "/" in p]),
+        paths=PathGlobs([p for p in scripts if "/" in p]) if any("/" in p for p in scripts) else None,
         names=_either([glob(p) for p in scripts if "/" not in p]),
         modules=_either([glob(p) for p in modules]),
         commands=_either([glob(p) for p in commands]),
@@ -121,10 +170,11 @@ def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
     """The first of ``patterns`` (of ``kind``: scripts, modules, commands, argv) that matches ``value``."""
     for pattern in patterns:
         if kind == "scripts" and "/" in pattern:
-            regex, subject = path_regex(pattern), value
-        else:
-            regex = fnmatch.translate(pattern)
-            subject = os.path.basename(value) if kind == "scripts" else value
+            if PathGlob(pattern).match(value):
+                return pattern
+            continue
+        regex = fnmatch.translate(pattern)
+        subject = os.path.basename(value) if kind == "scripts" else value
         if re.match(regex + r"\Z", subject, re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)):
             return pattern
     return None
