@@ -25,17 +25,29 @@ def debug_enabled() -> bool:
     return truthy(os.environ.get("AUTOALLOC_DEBUG"))
 
 
+def printable(text: str) -> str:
+    """``text`` on one line, with every character that is not printable escaped.
+
+    Messages name files, keys and directories that come from any cloned repository: a
+    newline, a terminal escape sequence or a bidi override there must not reach the
+    terminal as such.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def debug(message: str) -> None:
     """One line to stderr when ``AUTOALLOC_DEBUG`` is on."""
     if debug_enabled():
         try:
-            sys.stderr.write(f"autoalloc: {message}\n")
+            sys.stderr.write(f"autoalloc: {printable(message)}\n")
             sys.stderr.flush()
         except Exception:
             pass
 
 
-_IMPORTLIB_DIR = os.path.dirname(os.path.abspath(importlib.__file__))
+_IMPORTLIB_DIR = os.path.dirname(getattr(importlib, "__file__", None) or "<no importlib file>")
 
 
 def _is_internal(filename: str) -> bool:
@@ -63,9 +75,10 @@ def user_stacklevel() -> int:
 
 def warn(message: str, stacklevel: int | None = None) -> None:
     """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:``."""
-    if not message.startswith("autoalloc:"):
-        message = f"autoalloc: {message}"
     try:
+        message = printable(message)
+        if not message.startswith("autoalloc:"):
+            message = f"autoalloc: {message}"
         level = user_stacklevel() if stacklevel is None else stacklevel + 1
         warnings.warn(message, AutoallocWarning, stacklevel=level)
     except Exception:  # `-W error` must not turn our advice into the host's crash
