@@ -110,21 +110,45 @@ def parse(argv: Sequence[str], cwd: str | None = None, stdin_isatty: bool = Fals
     return _program(argv[i], argv[i + 1 :], cwd)
 
 
-def command_line() -> list[str]:
-    """This process's full command line: ``sys.orig_argv``, ``/proc/self/cmdline``, ``sys.argv``."""
-    orig = getattr(sys, "orig_argv", None)
-    if orig:
-        return list(orig)
+def _strings(value: object) -> list[str] | None:
+    if not isinstance(value, (list, tuple)):
+        return None
+    return [a for a in value if isinstance(a, str)]
+
+
+def _is_python_process() -> bool:
+    """Whether this process's executable is the interpreter (not a program embedding it)."""
     try:
-        with open("/proc/self/cmdline", "rb") as f:
-            raw = f.read()
-        if raw:
-            enc = sys.getfilesystemencoding()
-            return [a.decode(enc, "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0")]
-    except OSError:
-        pass
-    argv = getattr(sys, "argv", None) or []
-    return [sys.executable or "python", *argv]
+        return bool(sys.executable) and os.path.samefile("/proc/self/exe", sys.executable)
+    except (OSError, ValueError):
+        return False
+
+
+def command_line() -> list[str]:
+    """This process's full command line: ``sys.orig_argv``, ``/proc/self/cmdline``, ``sys.argv``.
+
+    An embedded interpreter has an empty ``sys.orig_argv`` (3.10+) and a host program's
+    ``/proc/self/cmdline``, which is not a Python command line: then only ``sys.argv``
+    counts. Whatever a program did to ``sys.argv`` (deleted it, filled it with
+    non-strings), this returns a list of strings.
+    """
+    orig = _strings(getattr(sys, "orig_argv", None))
+    if orig:
+        return orig
+    if not hasattr(sys, "orig_argv") and _is_python_process():  # Python 3.9 on Linux
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                raw = f.read(1 << 20)
+            if raw:
+                enc = sys.getfilesystemencoding()
+                return [a.decode(enc, "surrogateescape") for a in raw.rstrip(b"\0").split(b"\0")]
+        except (OSError, LookupError):
+            pass
+    python = sys.executable if isinstance(sys.executable, str) and sys.executable else "python"
+    argv = _strings(getattr(sys, "argv", None)) or []
+    if not argv or not argv[0]:  # no program name: stdin, or an embedding application
+        return [python]
+    return [python, *argv]
 
 
 def current_cwd() -> str | None:
