@@ -177,6 +177,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # argparse.REMAINDER would reject bench's own leading options (--quick, --help)
+        from autoalloc import bench
+
+        return bench.main(argv[1:])
     args = parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
