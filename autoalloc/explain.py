@@ -21,7 +21,6 @@ from autoalloc.match import pending_triggers
 from autoalloc.policy import Policy, Rule
 
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
-_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 
 
 def interpreter_argv(command: Sequence[str]) -> list[str]:
@@ -39,18 +38,7 @@ def interpreter_argv(command: Sequence[str]) -> list[str]:
 
 def worker_argv(entry: EntryPoint) -> list[str] | None:
     """For a torchrun launcher, the command line its workers get (``python -u script.py ...``)."""
-    if entry.target not in _LAUNCHERS:
-        return None
-    args = list(entry.args)
-    for i, arg in enumerate(args):
-        if arg in ("-m", "--module") and i + 1 < len(args):
-            rest = [a for a in args[i + 1 :] if not a.startswith("-")]
-            if rest:
-                j = args.index(rest[0], i + 1)
-                return [sys.executable, "-u", "-m", *args[j:]]
-        if arg.endswith(".py") and not arg.startswith("-"):
-            return [sys.executable, "-u", *args[i:]]
-    return None
+    return entrypoint.worker_argv(entry, sys.executable)
 
 
 def _rule_dict(rule: Rule) -> dict[str, Any]:

@@ -63,7 +63,7 @@ def _on_torch(watcher, path, target):
         return None
     if STATE.decision is None:
         STATE.torch = torchinfo.from_spec(spec)
-        STATE.entry = entrypoint.current()
+        STATE.entry = _decided_for(entrypoint.current())
         if truthy(os.environ.get("AUTOALLOC_DISABLE")):
             decision = Decision("disabled", STATE.entry, STATE.torch, reason="AUTOALLOC_DISABLE is set")
         else:
@@ -74,6 +74,19 @@ def _on_torch(watcher, path, target):
             watcher.names |= pending_triggers(STATE.policy.rules, sys.modules)
     _after_exec(spec, watcher)
     return spec
+
+
+def _decided_for(entry: EntryPoint) -> EntryPoint:
+    """The entry point to decide for: a torchrun launcher's workers, else this process's own.
+
+    Deciding in the launcher lets every rank inherit the environment and its
+    ``AUTOALLOC_APPLIED`` mark, so a job warns once instead of once per rank.
+    """
+    workers = entrypoint.worker_argv(entry, sys.executable or "python")
+    if workers is None:
+        return entry
+    report.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
+    return entrypoint.parse(workers, entrypoint.current_cwd())
 
 
 def _after_exec(spec, watcher) -> None:
