@@ -1,0 +1,384 @@
+"""The built-in policy (autoalloc/builtin.toml) against realistic toolkit layouts, in process (no torch).
+
+Every case goes through the same functions the hook uses: ``entrypoint.parse`` of a full
+interpreter command line, ``sources.load`` of every layer (user/site/project isolated
+in a temporary directory) and ``decide``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from autoalloc import entrypoint, sources
+from autoalloc.decide import decide
+from autoalloc.explain import explain
+from autoalloc.policy import Source, validate
+from autoalloc.torchinfo import TorchInfo
+
+pytestmark = pytest.mark.hook
+
+PY = "/venv/bin/python"
+TORCH = TorchInfo("2.13.0", cuda="12.8")
+BUILTIN_TEXT = Path(sources.BUILTIN_PATH).read_text(encoding="utf-8")
+BUILTIN = validate(sources.parse_toml(BUILTIN_TEXT.encode()), Source("builtin", sources.BUILTIN_PATH))
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary root with its own (empty) user and site config dirs; returns the checkout root."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "xdg-site"))
+    for name in ("AUTOALLOC_CONFIG", "AUTOALLOC_TRUSTED_DIRS", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(name, raising=False)
+    src = tmp_path / "src"
+    src.mkdir()
+    return src
+
+
+def user_policy(world: Path, text: str) -> Path:
+    path = world.parent / "xdg-config" / "autoalloc" / "config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def decision_for(argv: list[str], cwd: Path, imported: set[str] = frozenset()):
+    """What the hook would decide for ``python *argv`` started in ``cwd``, with ``imported`` loaded."""
+    entry = entrypoint.parse([PY, *argv], str(cwd))
+    policy = sources.load(entry, dict(os.environ), str(cwd))
+    return decide(policy, entry, dict(os.environ), TORCH, imported)
+
+
+def rule_for(argv: list[str], cwd: Path, imported: set[str] = frozenset()) -> tuple[str, str | None]:
+    d = decision_for(argv, cwd, imported)
+    return d.action, d.rule
+
+
+# (path of a script inside a checkout, the built-in rule that must decide, its action)
+SCRIPTS = [
+    # NeMo ASR trainers
+    ("NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_transducer/speech_to_text_rnnt_bpe.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_hybrid_transducer_ctc/speech_to_text_hybrid_rnnt_ctc_bpe.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/speech_multitask/speech_to_text_aed.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/speech_to_text_finetune.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_with_tts/speech_to_text_bpe_with_text.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_adapters/train_asr_adapter.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/speech_pretraining/speech_pre_training.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/speech_pretraining/masked_token_pred_pretrain.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/asr_eou/speech_to_text_rnnt_eou_train.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/asr/distillation/distill.py", "nemo-asr-train", "apply"),
+    ("Speech/examples/speechlm2/salm_train.py", "nemo-speechlm2-train", "apply"),
+    ("Speech/examples/speechlm2/s2s_duplex_train.py", "nemo-speechlm2-train", "apply"),
+    # NeMo inference and evaluation: the deny rule wins over the speech_to_text_*.py glob
+    ("NeMo/examples/asr/transcribe_speech.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/transcribe_speech_parallel.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/speech_to_text_eval.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_eou/speech_to_text_rnnt_eou_eval.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_ctc/inference.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_streaming/speech_to_text_streaming_infer.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/speech_multitask/speech_to_text_aed_chunked_infer.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_chunked_inference/rnnt/speech_to_text_buffered_infer_rnnt.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_cache_aware_streaming/speech_to_text_with_streaming_sortformer.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/asr_vad/speech_to_text_with_vad.py", "asr-inference", "skip"),
+    ("Speech/examples/speechlm2/salm_generate.py", "asr-inference", "skip"),
+    ("Speech/examples/speechlm2/salm_eval.py", "asr-inference", "skip"),
+    # NeMo tools that are neither: no rule
+    ("NeMo/examples/asr/speech_pretraining/extract_embeddings.py", None, "none"),
+    ("NeMo/examples/asr/speech_pretraining/load_wav2vec_weights.py", None, "none"),
+    # icefall
+    ("icefall/egs/librispeech/ASR/zipformer/train.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/ASR/zipformer/finetune.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/ASR/pruned_transducer_stateless7/train.py", "icefall-train", "apply"),
+    ("icefall/egs/aishell/ASR/conformer_ctc/train.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/ASR/zipformer/decode.py", "asr-inference", "skip"),
+    ("icefall/egs/librispeech/ASR/zipformer/streaming_decode.py", "asr-inference", "skip"),
+    ("icefall/egs/librispeech/ASR/zipformer/jit_pretrained.py", "asr-inference", "skip"),
+    ("icefall/egs/librispeech/ASR/zipformer/export-onnx.py", "asr-inference", "skip"),
+    ("icefall/egs/librispeech/ASR/local/train_bpe_model.py", "asr-data-prep", "skip"),
+    ("icefall/egs/librispeech/ASR/local/compute_fbank_librispeech.py", "asr-data-prep", "skip"),
+    ("icefall/egs/ljspeech/TTS/vits/train.py", None, "none"),
+    # WeNet
+    ("wenet/wenet/bin/train.py", "wenet-train", "apply"),
+    ("wenet/wenet/bin/average_model.py", None, "none"),
+    # SpeechBrain
+    ("speechbrain/recipes/LibriSpeech/ASR/transformer/train.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/LibriSpeech/ASR/CTC/train_with_wav2vec.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/CommonVoice/ASR/seq2seq/train_with_whisper.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/LibriSpeech/Tokenizer/train.py", None, "none"),
+    # Hugging Face transformers examples
+    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc.py", "hf-asr-examples", "apply"),
+    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc_adapter.py", "hf-asr-examples", "apply"),
+    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_seq2seq.py", "hf-asr-examples", "apply"),
+    ("transformers/examples/pytorch/text-classification/run_glue.py", None, "none"),
+    # torchaudio recipes
+    ("audio/examples/asr/librispeech_conformer_rnnt/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/asr/librispeech_conformer_rnnt_biasing/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/asr/emformer_rnnt/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/hubert/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/hubert/finetune.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/asr/librispeech_conformer_rnnt/eval.py", None, "none"),
+    # not ASR at all
+    ("project/train.py", None, "none"),
+]
+
+
+@pytest.mark.parametrize(("script", "rule", "action"), SCRIPTS, ids=[s for s, _, _ in SCRIPTS])
+def test_script_layouts(world: Path, script: str, rule: str | None, action: str) -> None:
+    # absolute path
+    assert rule_for([str(world / script)], world) == (action, rule)
+    # relative to a working directory two levels up the script, with -u in front
+    cwd = world / Path(script).parent.parent
+    relative = os.path.relpath(world / script, cwd)
+    assert rule_for(["-u", f"./{relative}"], cwd) == (action, rule)
+
+
+def test_icefall_relative_launch_resolves_against_cwd(world: Path) -> None:
+    recipe = world / "icefall/egs/librispeech/ASR"
+    assert rule_for(["./zipformer/train.py", "--world-size", "4", "--max-duration", "1000"], recipe) == (
+        "apply",
+        "icefall-train",
+    )
+    # the same relative path from somewhere else is just "zipformer/train.py" there
+    assert rule_for(["./zipformer/train.py"], world) == ("none", None)
+
+
+def test_symlinked_checkouts(world: Path) -> None:
+    real = world / "icefall/egs/librispeech/ASR/zipformer"
+    real.mkdir(parents=True)
+    (real / "train.py").write_text("")
+    # a recipe dir symlinked from another corpus: the path as given matches
+    other = world / "icefall/egs/aishell/ASR"
+    other.mkdir(parents=True)
+    (other / "zipformer").symlink_to(real)
+    assert rule_for(["./zipformer/train.py"], other) == ("apply", "icefall-train")
+    # an experiment dir holding a symlink to the recipe's script: the resolved path matches
+    exp = world / "exp/run7"
+    exp.mkdir(parents=True)
+    (exp / "train.py").symlink_to(real / "train.py")
+    assert rule_for(["train.py"], exp) == ("apply", "icefall-train")
+    # a whole checkout reached through a symlink with an unrelated name
+    (world / "current").symlink_to(world / "icefall")
+    assert rule_for([str(world / "current/egs/librispeech/ASR/zipformer/train.py")], world) == ("apply", "icefall-train")
+
+
+MODULES = [
+    (["-m", "espnet2.bin.asr_train", "--ngpu", "1", "--batch_type", "numel"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.asr_transducer_train"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.s2t_train"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.hubert_train"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.lightning_train"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.asr_inference", "--ngpu", "1"], "asr-inference", "skip"),
+    (["-m", "espnet2.bin.asr_inference_streaming"], "asr-inference", "skip"),
+    (["-m", "espnet2.bin.s2t_inference"], "asr-inference", "skip"),
+    (["-m", "espnet2.bin.tts_train"], None, "none"),
+    (["-m", "espnet2.bin.launch", "--cmd", "run.pl", "--", "python3", "-m", "espnet2.bin.asr_train"], None, "none"),
+    (["-m", "wenet.bin.train", "--config", "conf/train_conformer.yaml"], "wenet-train", "apply"),
+    (["-m", "wenet.bin.recognize"], "asr-inference", "skip"),
+    (["-m", "vllm.entrypoints.openai.api_server", "--model", "x"], "llm-serving", "skip"),
+    (["-m", "vllm"], "llm-serving", "skip"),
+    (["-m", "sglang.launch_server"], "llm-serving", "skip"),
+    (["-m", "vllm_asr_tools.train"], None, "none"),
+    (["-m", "fairseq_cli.hydra_train", "--config-dir", "examples/wav2vec/config/pretraining"], "fairseq-audio-train", "apply"),
+    (["-m", "fairseq_cli.train", "data-bin/iwslt14", "--arch", "transformer"], None, "none"),
+]
+
+
+@pytest.mark.parametrize(("argv", "rule", "action"), MODULES, ids=[" ".join(a[:2]) for a, _, _ in MODULES])
+def test_modules(world: Path, argv: list[str], rule: str | None, action: str) -> None:
+    assert rule_for(argv, world) == (action, rule)
+
+
+def _command(world: Path, name: str) -> str:
+    path = world / "venv/bin" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!{PY}\n")
+    return str(path)
+
+
+COMMANDS = [
+    (
+        ["fairseq-hydra-train", "task.data=/data/librispeech", "--config-dir", "/src/fairseq/examples/wav2vec/config/pretraining",
+         "--config-name", "wav2vec2_base_librispeech"],
+        "fairseq-audio-train", "apply",
+    ),
+    (["fairseq-hydra-train", "--config-dir", "examples/hubert/config/pretrain", "--config-name", "hubert_base_librispeech"],
+     "fairseq-audio-train", "apply"),
+    (["fairseq-hydra-train", "--config-dir", "examples/data2vec/config/audio/pretraining", "--config-name", "base_librispeech"],
+     "fairseq-audio-train", "apply"),
+    (["fairseq-train", "/data/mustc/en-de", "--config-yaml", "config_st.yaml", "--task", "speech_to_text"],
+     "fairseq-audio-train", "apply"),
+    (["fairseq-train", "/data", "--task", "Audio_Pretraining"], "fairseq-audio-train", "apply"),  # argv is case-insensitive
+    (["fairseq-train", "data-bin/wmt16_en_de", "--arch", "transformer_wmt_en_de", "--task", "translation"], None, "none"),
+    (["fairseq-hydra-train", "--config-dir", "examples/roberta/config/pretraining", "--config-name", "base"], None, "none"),
+    (["vllm", "serve", "nvidia/canary-qwen-2.5b"], "llm-serving", "skip"),
+    (["sglang-router"], "llm-serving", "skip"),
+]
+
+
+@pytest.mark.parametrize(("argv", "rule", "action"), COMMANDS, ids=[" ".join(a[:3]) for a, _, _ in COMMANDS])
+def test_console_scripts(world: Path, argv: list[str], rule: str | None, action: str) -> None:
+    assert rule_for([_command(world, argv[0]), *argv[1:]], world) == (action, rule)
+
+
+IMPORTS = [
+    # (entry point argv, modules imported when the decision is made, rule, action)
+    (["-c", "import nemo.collections.asr"], {"nemo", "nemo.collections", "nemo.collections.asr"}, "asr-toolkit-imports", "apply"),
+    (["-c", "..."], {"icefall", "icefall.utils"}, "asr-toolkit-imports", "apply"),
+    (["-c", "..."], {"espnet2.train.trainer"}, "asr-toolkit-imports", "apply"),
+    (["-c", "..."], {"lhotse", "lhotse.dataset"}, None, "none"),  # lhotse alone is data prep too
+    (["-c", "..."], {"nemo.collections.asr", "torch_memory_saver"}, "torch-memory-saver", "skip"),
+    (["-c", "..."], {"nemo.collections.asr", "vllm"}, "llm-serving", "skip"),
+    # deny by import wins over a built-in allow by script
+    (["NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"], {"torch_memory_saver"}, "torch-memory-saver", "skip"),
+    (["icefall/egs/librispeech/ASR/zipformer/train.py"], {"sglang"}, "llm-serving", "skip"),
+    # deny by script wins over the import fallback
+    (["NeMo/examples/asr/transcribe_speech.py"], {"nemo.collections.asr"}, "asr-inference", "skip"),
+    (["icefall/egs/librispeech/ASR/zipformer/decode.py"], {"icefall"}, "asr-inference", "skip"),
+    (["icefall/egs/librispeech/ASR/local/compute_fbank_librispeech.py"], {"icefall", "lhotse"}, "asr-data-prep", "skip"),
+    (["-m", "espnet2.bin.asr_inference"], {"espnet2.train.trainer"}, "asr-inference", "skip"),
+    # an allow by script decides before the import fallback is looked at
+    (["NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py"], {"nemo.collections.asr"}, "nemo-asr-train", "apply"),
+]
+
+
+@pytest.mark.parametrize(("argv", "imported", "rule", "action"), IMPORTS, ids=[f"{a[0]}+{sorted(i)[0]}" for a, i, _, _ in IMPORTS])
+def test_import_signals(world: Path, argv: list[str], imported: set[str], rule: str | None, action: str) -> None:
+    argv = [str(world / a) if a.endswith(".py") else a for a in argv]
+    assert rule_for(argv, world, imported) == (action, rule)
+
+
+def test_every_builtin_rule_is_proven_by_a_case() -> None:
+    proven = {r for _, r, _ in SCRIPTS + MODULES + COMMANDS} | {r for _, _, r, _ in IMPORTS}
+    assert {rule.name for rule in BUILTIN.rules} <= proven
+
+
+def test_builtin_file_shape() -> None:
+    rules = BUILTIN.rules
+    names = [r.name for r in rules]
+    assert len(names) == len(set(names))
+    # every deny rule comes before every allow rule: deny always wins over a built-in allow
+    actions = [r.action for r in rules]
+    assert actions == sorted(actions, key=lambda a: a != "skip"), names
+    assert actions.count("skip") >= 3
+    for rule in rules:
+        assert rule.description, rule.name
+        assert not rule.allocator, f"{rule.name}: built-in rules use the [allocator] defaults"
+    # and each [[rules]] table has a one-line comment right above it saying why
+    lines = BUILTIN_TEXT.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip() == "[[rules]]":
+            assert lines[i - 1].startswith("# ") and len(lines[i - 1]) > 20, f"no comment above the rule at line {i + 1}"
+    assert sum(1 for line in lines if line.strip() == "[[rules]]") == len(rules)
+
+
+# ---------------------------------------------------------------- composition with higher layers
+
+NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+EVAL = "NeMo/examples/asr/speech_to_text_eval.py"
+
+
+def test_disable_in_user_layer_switches_a_builtin_rule_off(world: Path) -> None:
+    path = user_policy(world, 'disable = ["nemo-asr-train"]\n')
+    d = decision_for([str(world / NEMO)], world)
+    assert (d.action, d.rule) == ("none", None)
+    # a NeMo trainer imports nemo.collections.asr, so the import fallback still catches it ...
+    d = decision_for([str(world / NEMO)], world, {"nemo.collections.asr"})
+    assert (d.action, d.rule) == ("apply", "asr-toolkit-imports")
+    # ... unless that one is switched off too
+    path.write_text('disable = ["nemo-asr-train", "asr-toolkit-imports"]\n')
+    d = decision_for([str(world / NEMO)], world, {"nemo.collections.asr"})
+    assert (d.action, d.rule) == ("none", None)
+    # other built-in rules are untouched
+    assert rule_for([str(world / "wenet/wenet/bin/train.py")], world) == ("apply", "wenet-train")
+
+
+def test_disable_in_project_layer(world: Path) -> None:
+    (world / "NeMo").mkdir()
+    (world / "NeMo/pyproject.toml").write_text('[project]\nname = "nemo"\n\n[tool.autoalloc]\ndisable = ["nemo-asr-train"]\n')
+    assert rule_for([str(world / NEMO)], world) == ("none", None)
+    # the project file only governs scripts below it
+    assert rule_for([str(world / "other" / NEMO)], world) == ("apply", "nemo-asr-train")
+
+
+def test_disabling_a_deny_rule_lets_the_builtin_allow_through(world: Path) -> None:
+    assert rule_for([str(world / EVAL)], world) == ("skip", "asr-inference")
+    user_policy(world, 'disable = ["asr-inference"]\n')
+    assert rule_for([str(world / EVAL)], world) == ("apply", "nemo-asr-train")
+
+
+def test_same_named_rule_in_a_higher_layer_replaces_the_builtin(world: Path) -> None:
+    user_policy(
+        world,
+        '[[rules]]\nname = "nemo-asr-train"\ndescription = "ours"\nscripts = ["**/our-nemo/**/speech_to_text_*.py"]\n'
+        "allocator = { garbage_collection_threshold = 0.8 }\n",
+    )
+    assert rule_for([str(world / NEMO)], world) == ("none", None)
+    d = decision_for([str(world / "our-nemo/asr/speech_to_text_ctc.py")], world)
+    assert (d.action, d.rule) == ("apply", "nemo-asr-train")
+    assert d.rule_source is not None and d.rule_source.startswith("user ")
+    assert re.fullmatch(r"expandable_segments:True,garbage_collection_threshold:0\.8", d.value or "")
+    # replacing a deny rule: the user's version no longer covers speech_to_text_eval.py
+    user_policy(world, '[[rules]]\nname = "asr-inference"\naction = "skip"\nscripts = ["my_infer.py"]\n')
+    assert rule_for([str(world / EVAL)], world) == ("apply", "nemo-asr-train")
+    assert rule_for([str(world / "x/my_infer.py")], world) == ("skip", "asr-inference")
+
+
+def test_explain_lists_active_and_inactive_builtin_rules(world: Path) -> None:
+    report = explain(["python", str(world / NEMO)], env=dict(os.environ), cwd=str(world))
+    builtin = [r["name"] for r in report["rules"] if r["layer"] == "builtin"]
+    assert builtin == [r.name for r in BUILTIN.rules]
+    assert report["inactive_rules"] == {}
+    assert report["decision"]["rule"] == "nemo-asr-train"
+
+    path = user_policy(
+        world,
+        'disable = ["nemo-asr-train", "hf-asr-examples"]\n'
+        '[[rules]]\nname = "wenet-train"\nscripts = ["**/wenet/bin/train*.py"]\n',
+    )
+    report = explain(["python", str(world / NEMO)], env=dict(os.environ), cwd=str(world))
+    active = [(r["name"], r["layer"]) for r in report["rules"]]
+    assert active[0] == ("wenet-train", "user")  # higher layers first
+    assert ("nemo-asr-train", "builtin") not in active and ("hf-asr-examples", "builtin") not in active
+    assert ("wenet-train", "builtin") not in active and ("icefall-train", "builtin") in active
+    inactive = report["inactive_rules"]
+    assert set(inactive) == {"nemo-asr-train@builtin", "hf-asr-examples@builtin", "wenet-train@builtin"}
+    assert inactive["nemo-asr-train@builtin"] == f"disabled by user ({path})"
+    assert inactive["wenet-train@builtin"].startswith("replaced by the rule of the same name in user")
+    assert report["decision"]["action"] == "none"
+
+
+def test_explain_torchrun_shows_the_workers_decision(world: Path) -> None:
+    wenet = world / "wenet"
+    report = explain(["torchrun", "--standalone", "--nproc_per_node", "8", "wenet/bin/train.py", "--config", "x.yaml"],
+                     env=dict(os.environ), cwd=str(wenet))
+    assert report["launcher"]["target"] == "torchrun"
+    assert report["entry_point"]["target"] == str(wenet / "wenet/bin/train.py")
+    assert report["decision"]["rule"] == "wenet-train"
+
+
+@pytest.mark.parametrize(
+    ("launcher", "worker"),
+    [
+        (["-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "--max-duration", "600"],
+         ["-u", "train.py", "--max-duration", "600"]),
+        (["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--standalone", "train.py", "x.py"],
+         ["-u", "train.py", "x.py"]),
+        (["-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "train.py"], ["-u", "train.py"]),
+        (["/venv/bin/torchrun", "--nproc_per_node=4", "-m", "espnet2.bin.asr_train", "--ngpu", "4"],
+         ["-u", "-m", "espnet2.bin.asr_train", "--ngpu", "4"]),
+        (["/venv/bin/torchrun", "--nproc_per_node", "2", "--no-python", "fairseq-hydra-train"], None),
+        (["/venv/bin/torchrun", "--nproc_per_node=2"], None),
+        (["-m", "torch.distributed.elastic.agent"], None),
+        (["train.py", "--nproc_per_node=2", "x.py"], None),
+    ],
+)
+def test_launcher_worker_argv(launcher: list[str], worker: list[str] | None) -> None:
+    got = entrypoint.worker_argv(entrypoint.parse([PY, *launcher], "/w"), PY)
+    assert got == (None if worker is None else [PY, *worker])
