@@ -5,6 +5,21 @@ and the notes, but performs none of them; ``hook`` carries them out, ``explain``
 ``doctor`` only show them. Every allocator string it produces comes from
 ``allocconf.serialize`` of validated values merged into a string that ``allocconf.parse``
 accepted, so it is never malformed.
+
+Conflict cases (README "Conflicts"), each said in at most one warning per decision; a
+child process that finds ``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited``
+and says nothing:
+
+- several allocator variables set to different values: name the one the installed torch
+  reads (a set-but-empty one included) and merge into that one;
+- a key the environment already sets to another value: ``on_conflict = "keep"`` (the
+  default) keeps the environment's and warns; ``"override"`` replaces it with a note
+  (an explicit choice, shown by ``explain``, ``doctor`` and ``AUTOALLOC_DEBUG``);
+- ``backend:cudaMallocAsync``: expandable segments have no effect, so they are not added;
+- ``max_split_size_mb`` together with expandable segments: worded per torch version;
+- a value that cannot be parsed: left exactly as it is;
+- torch < 2.1, Windows, ROCm before 2.12 (or ROCm < 7.0): the key is never written;
+  CPU-only builds: written, with a note that it has no effect.
 """
 
 from __future__ import annotations
@@ -17,12 +32,13 @@ from autoalloc import allocconf
 from autoalloc.allocconf import ALL_VARS, ALLOC_VAR, CUDA_VAR, HIP_VAR
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match
-from autoalloc.policy import Policy, Valued
+from autoalloc.policy import Policy, Rule, Valued
 from autoalloc.torchinfo import TorchInfo
 
 APPLIED_VAR = "AUTOALLOC_APPLIED"
 ISSUE_119452 = "https://github.com/pytorch/pytorch/issues/119452"
 ISSUE_123548 = "https://github.com/pytorch/pytorch/issues/123548"
+SEGMENTS = "expandable_segments"
 
 
 @dataclass(frozen=True)
@@ -67,6 +83,26 @@ class Decision:
             parts.append(f"-> {self.read_var}={self.value!r}{via}")
         return " ".join(parts)
 
+    def applied(self) -> dict[str, str]:
+        """The options autoalloc put in effect here: the keys it asked for, as merged, or a parent's string."""
+        if self.action not in ("apply", "inherited") or not self.value:
+            return {}
+        try:
+            pairs = allocconf.parse(self.value)
+        except allocconf.ConfError:
+            return {}
+        if self.action == "inherited":
+            return dict(pairs)
+        return {k: v for k in self.requested if (v := allocconf.last_value(pairs, k)) is not None}
+
+
+def parse_applied(text: str | None) -> tuple[str, str] | None:
+    """``AUTOALLOC_APPLIED`` (``rule;value``) as ``(rule, value)``, or None."""
+    if text is None:
+        return None
+    rule, _, value = text.partition(";")
+    return rule, value
+
 
 def layer_warnings(policy: Policy) -> list[str]:
     """One warning per layer file that could not be used."""
@@ -77,14 +113,15 @@ def layer_warnings(policy: Policy) -> list[str]:
     return out
 
 
-def _platform_notes(torch: TorchInfo | None, platform: str) -> tuple[list[str], bool]:
+def platform_notes(torch: TorchInfo | None, platform: str) -> tuple[list[str], bool]:
     """Notes on why the options may have no effect, and whether expandable segments must not be written."""
     if torch is None:
         return ["torch is not installed here: the decision assumes a recent CUDA build"], False
     if platform.startswith("win"):
         return ["expandable segments are not supported on Windows: not written"], True
     if torch.flavour == "rocm":
-        major = int(torch.hip.split(".")[0]) if torch.hip and torch.hip.split(".")[0].isdigit() else 0
+        head = (torch.hip or "").split(".")[0]
+        major = int(head) if head.isdigit() else 0
         if torch.release < (2, 12) or major < 7:
             note = f"expandable segments need torch >= 2.12 with ROCm >= 7.0 ({torch.describe()}): not written"
             return [note], True
@@ -97,7 +134,7 @@ def _gate(
     options: Mapping[str, Valued], torch: TorchInfo | None, platform: str, late: bool
 ) -> tuple[dict[str, str], list[str], list[str]]:
     """Drop options the installed torch (or platform, or a late application) cannot take."""
-    notes, no_segments = _platform_notes(torch, platform)
+    notes, no_segments = platform_notes(torch, platform)
     warnings: list[str] = []
     kept: dict[str, str] = {}
     for key, valued in options.items():
@@ -108,7 +145,9 @@ def _gate(
                 f"autoalloc: {key} needs torch >= {spec.since[0]}.{spec.since[1]}, but {torch.describe()} is installed: "
                 f"not set (asked for by {origin})"
             )
-        elif key == "expandable_segments" and no_segments:
+        elif torch is not None and (why := allocconf.version_error(key, str(valued.value), torch.release)):
+            warnings.append(f"autoalloc: {key}:{valued.value} {why} ({torch.describe()}): not set (asked for by {origin})")
+        elif key == SEGMENTS and no_segments:
             continue
         elif key == "backend" and late:
             notes.append("backend cannot change after torch is loaded: not set by the runtime setter")
@@ -132,11 +171,12 @@ def decide(
     current = env.get(read_var, "") if read_var else ""
     base = {"entry": entry, "torch": torch, "env_before": env_before, "read_var": read_var, "value": current}
 
-    applied = env.get(APPLIED_VAR)
-    if applied is not None:
-        _, _, applied_value = applied.partition(";")
-        if applied_value == current:
-            return Decision("inherited", reason=f"a parent process applied {applied.partition(';')[0]}", **base)
+    applied = parse_applied(env.get(APPLIED_VAR))
+    if applied is not None and applied[1] == current:
+        return Decision(
+            "inherited", rule=applied[0] or None, rule_source=f"a parent process ({APPLIED_VAR})",
+            reason=f"a parent process applied rule {applied[0]}", **base,
+        )
 
     warnings = layer_warnings(policy)
     if not policy.enabled.value:
@@ -147,77 +187,158 @@ def decide(
     rule = match.rule
     if rule is None:
         return Decision("none", reason="no rule matches", warnings=tuple(warnings), **base)
-    described = {"rule": rule.name, "rule_source": rule.source.describe(), "reason": match.reason, "trigger": match.trigger}
     if rule.action == "skip":
-        return Decision("skip", warnings=tuple(warnings), **described, **base)
+        return Decision(
+            "skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason, trigger=match.trigger,
+            warnings=tuple(warnings), **base,
+        )
+    return resolve(policy, rule, entry, env, torch, late, platform, match.reason, match.trigger, warnings)
 
+
+def _torch_name(torch: TorchInfo | None) -> str:
+    return torch.describe() if torch else "torch"
+
+
+def _several_vars(env_before: Mapping[str, str], read_var: str | None, torch: TorchInfo | None) -> str | None:
+    """The warning for several allocator variables set to different values, or None."""
+    set_vars = [name for name in (CUDA_VAR, HIP_VAR, ALLOC_VAR) if name in env_before]
+    if len({env_before[name] for name in set_vars}) < 2:
+        return None
+    shown = ", ".join(f"{name}={env_before[name]!r}" for name in set_vars)
+    if read_var is None:
+        reads = " or ".join(allocconf.read_order(torch))
+        used = f"reads none of them (it reads only {reads})"
+    else:
+        empty = " (set but empty, which still wins)" if env_before[read_var] == "" else ""
+        others = ", ".join(name for name in set_vars if name != read_var)
+        used = f"uses only {read_var}{empty} and ignores {others}"
+        if torch is not None and torch.flavour == "cuda" and read_var == HIP_VAR and ALLOC_VAR in env_before:
+            used += f" (CUDA-only options such as backend still come from {ALLOC_VAR})"
+    return f"autoalloc: several allocator variables are set to different values ({shown}); {_torch_name(torch)} {used}"
+
+
+def resolve(
+    policy: Policy,
+    rule: Rule,
+    entry: EntryPoint,
+    env: Mapping[str, str],
+    torch: TorchInfo | None,
+    late: bool = False,
+    platform: str = sys.platform,
+    reason: str = "",
+    trigger: str | None = None,
+    warnings: list[str] | tuple[str, ...] = (),
+) -> Decision:
+    """The ``apply`` decision for ``rule``: its options merged into the environment, every conflict said once."""
+    warnings = list(warnings)
+    first = len(warnings)  # where this decision's own warnings start
+    env_before = {name: env[name] for name in ALL_VARS if name in env}
+    read_var = allocconf.effective_var(env, torch)
+    current = env.get(read_var, "") if read_var else ""
     ours, gate_warnings, notes = _gate(policy.options_for(rule), torch, platform, late)
     warnings += gate_warnings
     override = policy.on_conflict.value == "override"
+    conflict_from = policy.on_conflict.source.describe() if policy.on_conflict.source else "autoalloc's default"
 
-    # Several variables set: torch silently uses one of them.
-    set_vars = [name for name in (CUDA_VAR, HIP_VAR, ALLOC_VAR) if name in env_before]
-    source_var = read_var or (set_vars[0] if set_vars else None)
-    if len({env_before[name] for name in set_vars}) > 1:
-        shown = ", ".join(f"{name}={env_before[name]!r}" for name in set_vars)
-        used = f"uses {read_var}" if read_var else "reads none of them"
+    # Merge into the variable torch reads. One it ignores (PYTORCH_ALLOC_CONF on a 2.9 CUDA
+    # build) stays ignored: copying it over could wake up options this torch rejects.
+    source_var = read_var
+    several = _several_vars(env_before, read_var, torch)
+    if several is None and read_var is None and env_before:
+        shown = ", ".join(f"{name}={text!r}" for name, text in env_before.items())
         warnings.append(
-            f"autoalloc: several allocator variables are set to different values ({shown}); "
-            f"{torch.describe() if torch else 'torch'} {used} and ignores the others. autoalloc merges into {source_var}."
+            f"autoalloc: {_torch_name(torch)} ignores {shown} (it reads only "
+            f"{' or '.join(allocconf.read_order(torch))}); left as it is, and autoalloc writes {CUDA_VAR}"
         )
     existing_text = env_before.get(source_var, "") if source_var else ""
 
-    def finish(value: str, writes: dict[str, str]) -> Decision:
+    def finish(value: str, writes: dict[str, str], setter: str | None = None) -> Decision:
+        if several is not None:
+            written = [name for name in writes if name != source_var]
+            if source_var is None:
+                action = f"autoalloc writes {', '.join(written)}"
+            else:
+                also = f" and writes the result to {', '.join(written)} too" if written else ""
+                action = f"autoalloc merges into {source_var}{also}"
+            warnings.insert(first, f"{several}. {action}.")
         writes[APPLIED_VAR] = f"{rule.name};{value}"
-        after_var = allocconf.effective_var({**env, **writes}, torch)
-        setter = value if late and value != current else None
         return Decision(
-            "apply", requested=ours, read_var=after_var, value=value, writes=writes, setter_value=setter,
-            warnings=tuple(warnings), notes=tuple(notes), **described,
-            **{k: v for k, v in base.items() if k not in ("read_var", "value")},
+            "apply", entry, torch, rule.name, rule.source.describe(), reason, trigger,
+            requested=ours, env_before=env_before, read_var=allocconf.effective_var({**env, **writes}, torch),
+            value=value, writes=writes, setter_value=setter if late and value != current else None,
+            warnings=tuple(warnings), notes=tuple(notes),
         )
 
     try:
         pairs = allocconf.parse(existing_text)
     except allocconf.ConfError as exc:
+        fatal = ""
+        if allocconf.aborts_import(existing_text):
+            fatal = "; torch 2.10+ CUDA builds abort `import torch` (SIGABRT) on it"
         warnings.append(
             f"autoalloc: cannot parse {source_var}={existing_text!r} ({exc}); it is left exactly as it is and "
-            f"rule {rule.name} is not applied"
+            f"rule {rule.name} is not applied{fatal}"
         )
         return finish(existing_text, {})
 
     merged, conflicts = allocconf.merge(pairs, ours, override)
-    if allocconf.last_value(merged, "backend") == "cudaMallocAsync" and "expandable_segments" in ours:
-        ours = {k: v for k, v in ours.items() if k != "expandable_segments"}
-        origin = source_var if allocconf.last_value(pairs, "backend") == "cudaMallocAsync" else "the policy"
+    backend = allocconf.last_value(merged, "backend")
+    if backend in allocconf.ASYNC_BACKENDS and SEGMENTS in ours:
+        ours = {k: v for k, v in ours.items() if k != SEGMENTS}
+        origin = source_var if allocconf.last_value(pairs, "backend") == backend else f"rule {rule.name}"
         warnings.append(
-            f"autoalloc: {origin} selects backend:cudaMallocAsync, where expandable_segments has no effect; "
+            f"autoalloc: {origin} selects backend:{backend}, where expandable_segments has no effect; "
             "autoalloc does not add it"
         )
         merged, conflicts = allocconf.merge(pairs, ours, override)
+    try:
+        allocconf.check_options(merged)
+    except allocconf.ConfError as exc:
+        sizes = ("large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb")
+        dropped = [f"{k}:{ours[k]}" for k in sizes if k in ours]
+        try:
+            allocconf.check_options(pairs)
+        except allocconf.ConfError:
+            dropped = []  # the environment's own problem: left to torch
+        if dropped:
+            ours = {k: v for k, v in ours.items() if k not in sizes}
+            warnings.append(
+                f"autoalloc: rule {rule.name}'s {', '.join(dropped)} together with {source_var}={existing_text!r} "
+                f"would be rejected by torch ({exc}); autoalloc does not add {'them' if len(dropped) > 1 else 'it'}"
+            )
+            merged, conflicts = allocconf.merge(pairs, ours, override)
     for key in conflicts:
         env_value = allocconf.last_value(pairs, key)
-        if override:
-            notes.append(f"{source_var} had {key}:{env_value}; replaced by {key}:{ours[key]} (on_conflict = override)")
+        if override:  # asked for explicitly: shown by explain, doctor and AUTOALLOC_DEBUG, not warned about
+            notes.append(
+                f"{source_var} sets {key}:{env_value}; replaced by {key}:{ours[key]} for rule {rule.name} "
+                f'(on_conflict = "override" in {conflict_from})'
+            )
         else:
             warnings.append(
                 f"autoalloc: {source_var} sets {key}:{env_value}, rule {rule.name} wants {key}:{ours[key]}; "
                 f'keeping {key}:{env_value} (set on_conflict = "override" to replace it)'
             )
-    if allocconf.last_value(merged, "expandable_segments") == "True" and allocconf.last_value(merged, "max_split_size_mb"):
-        old = torch is not None and torch.release < (2, 3)
-        effect = f"hits an internal assert near out-of-memory before torch 2.3 ({ISSUE_119452})" if old else (
-            f"is ignored inside expandable segments and can grow reserved memory ({ISSUE_123548})"
-        )
+    split = allocconf.last_value(merged, "max_split_size_mb")
+    env_had_both = allocconf.last_value(pairs, SEGMENTS) == "True" and allocconf.last_value(pairs, "max_split_size_mb")
+    if allocconf.last_value(merged, SEGMENTS) == "True" and split and not env_had_both:
+        if torch is not None and torch.release < (2, 3):
+            effect = (
+                f"can fail with an INTERNAL ASSERT (!block->expandable_segment_) on {torch.describe()} "
+                f"({ISSUE_119452}, fixed in torch 2.3)"
+            )
+        else:
+            effect = f"can make reserved memory grow far beyond what is allocated ({ISSUE_123548})"
         warnings.append(
-            f"autoalloc: max_split_size_mb together with expandable_segments:True {effect}; "
+            f"autoalloc: max_split_size_mb:{split} together with expandable_segments:True {effect}; "
             "consider dropping max_split_size_mb"
         )
     value = allocconf.serialize(merged)
+    setter = allocconf.serialize([(k, v) for k, v in merged if k != "backend"])  # fixed at load; never re-sent
     if not ours or (value == existing_text and source_var == read_var):
-        return finish(existing_text if source_var else current, {})
+        return finish(existing_text if source_var else current, {}, setter)
     writes = {}
     for name in (source_var, CUDA_VAR, ALLOC_VAR):
         if name and (name == source_var or name not in env_before or env_before[name] == existing_text):
             writes[name] = value
-    return finish(value, writes)
+    return finish(value, writes, setter)
