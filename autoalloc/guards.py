@@ -26,19 +26,22 @@ from typing import Any
 from autoalloc import allocconf, report
 
 _SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
-_warned: set[str] = set()
+_warned: set[tuple[str, str]] = set()
 _installed = False
 
 
 def _intent(state: Any) -> dict[str, str]:
     """The options autoalloc applied in this process or inherited from its parent job."""
     decision = getattr(state, "decision", None)
-    if decision is None or decision.action not in ("apply", "inherited") or not decision.value:
-        return {}
-    try:
-        return dict(allocconf.parse(decision.value))
-    except allocconf.ConfError:
-        return {}
+    return decision.applied() if decision is not None else {}
+
+
+def _applied_by(state: Any) -> str:
+    """``rule NAME: key:value,...`` for the messages."""
+    decision = getattr(state, "decision", None)
+    intent = _intent(state)
+    options = ",".join(f"{k}:{v}" for k, v in intent.items())
+    return f"rule {decision.rule}: {options}" if decision is not None and decision.rule else options
 
 
 def setter_conflicts(intent: dict[str, str], value: object) -> list[str]:
@@ -80,10 +83,11 @@ def _caller() -> tuple[int, str]:
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key in _warned:
-        return
-    _warned.add(key)
+    """One warning per kind of call and call site (a setter in a loop warns once)."""
     level, where = _caller()
+    if (key, where) in _warned:
+        return
+    _warned.add((key, where))
     report.warn(f"autoalloc: {where}: {message}", stacklevel=level)
 
 
@@ -94,10 +98,15 @@ def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any
             intent = _intent(state)
             conflicts = setter_conflicts(intent, args[0] if args else kwargs.get("env"))
             if conflicts:
+                effects = []
+                if "expandable_segments:False" in conflicts:
+                    effects.append("memory segments created from now on are not expandable")
+                if any(c.startswith("backend:") for c in conflicts):
+                    effects.append("the backend is fixed when torch loads, so torch refuses to change it")
                 _warn_once(
                     "setter:" + ",".join(conflicts),
-                    f"this call sets {', '.join(conflicts)}, undoing the expandable segments autoalloc applied "
-                    f"({intent and ','.join(f'{k}:{v}' for k, v in intent.items())}); new memory segments follow the call",
+                    f"this call sets {', '.join(conflicts)}, undoing what autoalloc applied ({_applied_by(state)}); "
+                    + "; ".join(effects),
                 )
         except Exception:
             pass
@@ -107,18 +116,13 @@ def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any
 
 
 def _guard_custom_allocator(
-    original: Callable[..., Any], state: Any, what: str, uses_allocator: Callable[..., bool]
+    original: Callable[..., Any], state: Any, what: str, uses_allocator: Callable[..., bool], effect: str, consequence: str
 ) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
-            intent = _intent(state)
-            if intent and uses_allocator(*args, **kwargs):
-                _warn_once(
-                    what,
-                    f"{what} uses a custom allocator, so the allocator options autoalloc applied "
-                    f"({','.join(f'{k}:{v}' for k, v in intent.items())}) do not apply to its memory",
-                )
+            if _intent(state) and uses_allocator(*args, **kwargs):
+                _warn_once(what, f"{effect}, so the options autoalloc applied ({_applied_by(state)}) {consequence}")
         except Exception:
             pass
         return original(*args, **kwargs)
@@ -148,11 +152,17 @@ def install(state: Any) -> None:
     memory = getattr(cuda, "memory", None)
     change = getattr(memory, "change_current_allocator", None)
     if change is not None:
-        wrapped = _guard_custom_allocator(change, state, "change_current_allocator", lambda *a, **k: True)
+        wrapped = _guard_custom_allocator(
+            change, state, "change_current_allocator", lambda *a, **k: True,
+            "change_current_allocator replaces torch's caching allocator", "no longer apply",
+        )
         for module in (memory, cuda):
             if getattr(module, "change_current_allocator", None) is change:
                 module.change_current_allocator = wrapped
     pool = getattr(cuda, "MemPool", None)
     init = getattr(pool, "__init__", None)
     if isinstance(pool, type) and init is not None and init is not object.__init__:
-        pool.__init__ = _guard_custom_allocator(init, state, "torch.cuda.MemPool", _mempool_allocator)
+        pool.__init__ = _guard_custom_allocator(
+            init, state, "torch.cuda.MemPool", _mempool_allocator,
+            "torch.cuda.MemPool(allocator=...) allocates through a custom allocator", "do not apply to its memory",
+        )
