@@ -73,9 +73,34 @@ def user_stacklevel() -> int:
     return 1
 
 
+_OWN_CATEGORIES = ("autoalloc.AutoallocWarning", "autoalloc.report.AutoallocWarning")
+_options_applied = False
+
+
+def apply_warnoptions() -> None:
+    """Honour ``-W``/``PYTHONWARNINGS`` options that name ``AutoallocWarning`` (once).
+
+    Python parses those options before site-packages is on ``sys.path``, so it cannot
+    import the category and drops such an option ("Invalid -W option ignored"); applied
+    now, they filter our warnings as the user meant. ``-W ignore:autoalloc`` (by message)
+    needs no import and works from the start.
+    """
+    global _options_applied
+    if _options_applied:
+        return
+    _options_applied = True
+    for option in getattr(sys, "warnoptions", None) or ():
+        try:
+            if [part.strip() for part in option.split(":")][2] in _OWN_CATEGORIES:
+                warnings._setoption(option)  # type: ignore[attr-defined]
+        except Exception:
+            pass
+
+
 def warn(message: str, stacklevel: int | None = None) -> None:
     """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:``."""
     try:
+        apply_warnoptions()
         message = printable(message)
         if not message.startswith("autoalloc:"):
             message = f"autoalloc: {message}"
