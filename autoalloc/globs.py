@@ -10,6 +10,7 @@ case-insensitive and match one argument.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import os
 import re
 from collections.abc import Sequence
@@ -38,11 +39,15 @@ class _Literal:
         return segment == self.text
 
 
+_translate = functools.lru_cache(maxsize=1024)(fnmatch.translate)
+
+
+@functools.lru_cache(maxsize=1024)
 def _segment(part: str):
     """A matcher for one path segment: literal, or an fnmatch glob (``[^...]`` negates too)."""
     if not any(c in part for c in "*?["):
         return _Literal(part)
-    return re.compile(fnmatch.translate(part.replace("[^", "[!")), re.DOTALL)
+    return re.compile(_translate(part.replace("[^", "[!")), re.DOTALL)
 
 
 class PathGlob:
@@ -156,7 +161,17 @@ def compile_rule(
 ) -> RulePatterns:
     """Compile one rule's patterns; raises ``re.error`` for a pattern that cannot compile."""
 
-    glob = fnmatch.translate
+    args = (tuple(scripts), tuple(modules), tuple(commands), tuple(argv))
+    if any(p.startswith("~") for p in scripts):  # depends on HOME: not cached
+        return _compile_rule.__wrapped__(*args)
+    return _compile_rule(*args)
+
+
+@functools.lru_cache(maxsize=512)
+def _compile_rule(
+    scripts: tuple[str, ...], modules: tuple[str, ...], commands: tuple[str, ...], argv: tuple[str, ...]
+) -> RulePatterns:
+    glob = fnmatch.translate  # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
     return RulePatterns(
         paths=PathGlobs([p for p in scripts if "/" in p]) if any("/" in p for p in scripts) else None,
         names=_either([glob(p) for p in scripts if "/" not in p]),
