@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Hook-level tests (startup, entry point, policy; no torch) on every CPython 3.9-3.13 found.
+# Hook-level tests (startup, entry point, policy, the .pth file; no torch) on every CPython
+# 3.9-3.13 found: pyenv's versions first (its shims fail unless a version is selected), then
+# PATH. Each gets a venv with autoalloc installed editable (hatchling), tomli below 3.11.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 found=0
 for v in 3.9 3.10 3.11 3.12 3.13; do
-    py=$(command -v "python$v" 2>/dev/null || ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/python"$v" 2>/dev/null | tail -n 1 || true)
-    if [ -z "$py" ] || ! "$py" -c pass 2>/dev/null; then echo "python$v: not found, skipped"; continue; fi
+    py=""
+    for candidate in $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -rV) \
+                     $(command -v "python$v" 2>/dev/null || true); do
+        if "$candidate" -c pass >/dev/null 2>&1; then py=$candidate; break; fi
+    done
+    if [ -z "$py" ]; then echo "python$v: not found, skipped"; continue; fi
     venv=".venv-py$v"
     [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
     "$venv/bin/python" -m pip install -q -e . pytest hypothesis 2>&1 | grep -v -e '^WARNING: Location' || true
