@@ -760,7 +760,10 @@ def render(report: dict) -> str:
 
 
 def plot(report: dict, runs: list[dict], path: str) -> str | None:
-    """Step time and reserved memory per step, one line per arm (first repeat); None without matplotlib."""
+    """Step time, reserved memory and device allocations per step, one line per arm (first repeat).
+
+    None when matplotlib is not installed (``pip install "autoalloc[bench]"``).
+    """
     try:
         import matplotlib
 
@@ -768,7 +771,9 @@ def plot(report: dict, runs: list[dict], path: str) -> str | None:
         from matplotlib import pyplot as plt
     except ImportError:
         return None
-    fig, (ax_time, ax_mem) = plt.subplots(2, 1, figsize=(11, 7.5), sharex=True)
+    fig, (ax_time, ax_mem, ax_alloc) = plt.subplots(
+        3, 1, figsize=(11, 9.5), sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]}
+    )
     seen = set()
     for run in runs:
         result = run["result"]
@@ -781,8 +786,13 @@ def plot(report: dict, runs: list[dict], path: str) -> str | None:
         ax_time.plot(x, [s["time_s"] * 1000 for s in steps], style, label=run["arm"], linewidth=1)
         if steps and "reserved_peak" in steps[0]:
             ax_mem.plot(x, [s["reserved_peak"] / GIB for s in steps], style, label=run["arm"], linewidth=1)
+            total, cumulative = 0, []
+            for s in steps:
+                total += s["num_device_alloc"]
+                cumulative.append(total)
+            ax_alloc.plot(x, cumulative, style, label=run["arm"], linewidth=1)
     warmup = report["config"]["warmup"]
-    for ax in (ax_time, ax_mem):
+    for ax in (ax_time, ax_mem, ax_alloc):
         ax.axvspan(-0.5, warmup - 0.5, color="0.9", zorder=0)
         ax.grid(alpha=0.3)
     ax_time.set_ylabel("step time (ms)")
@@ -790,14 +800,16 @@ def plot(report: dict, runs: list[dict], path: str) -> str | None:
     ax_time.legend(fontsize=8, ncol=3)
     meta = report["meta"]
     ax_time.set_title(f"autoalloc bench ({meta['mode']}): {meta.get('device_name', '?')}, torch {meta.get('torch', '?')}")
-    ax_mem.set_ylabel("reserved peak per step (GiB)")
-    ax_mem.set_xlabel("step (shaded: warm-up)")
+    ax_mem.set_ylabel("reserved, peak of step (GiB)")
+    ax_alloc.set_ylabel("device allocations\n(cumulative)")
+    ax_alloc.set_xlabel("step (shaded: warm-up)")
     cap = (report.get("calibration") or {}).get("cap_bytes")
     if cap:
         ax_mem.axhline(cap / GIB, color="k", linewidth=0.8, linestyle=":", label="cap")
-        ax_mem.legend(fontsize=8, ncol=3)
-    elif not ax_mem.lines:
-        ax_mem.text(0.5, 0.5, "no CUDA memory statistics (CPU smoke run)", ha="center", va="center", transform=ax_mem.transAxes)
+        ax_mem.legend(fontsize=8, ncol=4)
+    for ax in (ax_mem, ax_alloc):
+        if not ax.lines:
+            ax.text(0.5, 0.5, "no CUDA memory statistics (CPU smoke run)", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

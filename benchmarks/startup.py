@@ -554,6 +554,17 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def git_state() -> str:
+    """The checkout that was installed: commit, and whether the working tree differed from it."""
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "autoalloc"],
+                               capture_output=True, text=True)  # fmt: skip
+    except OSError:
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes in autoalloc/" if dirty.stdout.strip() else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny run counts (plumbing only; the figures mean little)")
@@ -603,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "setup_s": round(t_setup, 1),
             "loadavg_start": os.getloadavg(),
+            "git": git_state(),
         }
     }
     failures: list[str] = []
