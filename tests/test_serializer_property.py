@@ -227,8 +227,8 @@ def test_torch_213_merged_strings(setter, text: str, ours: dict[str, str], overr
     error = call(allocconf.serialize(merged))
     if user_error is None:
         assert error is None, (text, error)
-    else:
-        assert not error.startswith("RuntimeError"), (text, error)
+    else:  # the user's own bad value may survive the merge (or be overridden): never a structural error
+        assert error is None or not error.startswith("RuntimeError"), (text, error)
 
 
 # ---------------------------------------------------------------- torch 2.14.1 CUDA, batch in a subprocess
