@@ -409,6 +409,30 @@ def check_hook(report: dict) -> None:
         raise BenchError(f"autoalloc's hook fired but the environment has no {ES_ON}: {report}")
 
 
+def verify(cfg: dict, settings: dict) -> None:
+    if settings["expandable_segments"] is not None and settings["expandable_segments"] != cfg["intent"]:
+        raise BenchError(
+            f"arm {cfg['arm']} intended expandable_segments={cfg['intent']}, but torch reports "
+            f"{settings['expandable_segments']} ({settings['source']}: {settings['raw']!r})"
+        )
+
+
+def check_settings(torch, cfg: dict, result: dict) -> dict:
+    """``--check-settings``: set the arm up as for training, without a model or a GPU, and read back.
+
+    On a CUDA build the snapshot's parsed settings answer even without a GPU, so this
+    checks every arm's mechanism (env, runtime setter, hook) on a machine without one.
+    """
+    if cfg["setter"]:
+        result["setter"] = runtime_setter(torch, ES_ON)
+    settings = allocator_settings(torch, torch.version.cuda is not None)
+    result["allocator_settings"] = settings
+    verify(cfg, settings)
+    result["verified"] = settings["expandable_segments"] is not None
+    result["steps"] = []
+    return result
+
+
 def worker_main(argv: Sequence[str]) -> int:
     """Entry point of an arm's process: ``CONFIG.json RESULT.json``."""
     config_path, result_path = argv[0], argv[1]
@@ -432,6 +456,8 @@ def run_arm(cfg: dict) -> dict:
     if cfg["arm"] == "hook":
         result["hook"] = hook_report()
         check_hook(result["hook"])
+    if cfg["mode"] == "settings":
+        return check_settings(torch, cfg, result)
     cuda = cfg["device"] == "cuda"
     if cuda and not torch.cuda.is_available():
         if cfg["mode"] == "probe":
@@ -459,11 +485,7 @@ def run_arm(cfg: dict) -> dict:
 
     settings = allocator_settings(torch, cuda)
     result["allocator_settings"] = settings
-    if settings["expandable_segments"] is not None and settings["expandable_segments"] != cfg["intent"]:
-        raise BenchError(
-            f"arm {cfg['arm']} intended expandable_segments={cfg['intent']}, but torch reports "
-            f"{settings['expandable_segments']} ({settings['source']}: {settings['raw']!r})"
-        )
+    verify(cfg, settings)
     result["verified"] = settings["expandable_segments"] is not None
 
     model_cfg = {**cfg["model"], "amp": cuda}
@@ -615,6 +637,26 @@ class Runner:
             why = f"timed out after {self.timeout:.0f} s" if code is None else f"exited {code} without a result"
             result = {"error": f"the {cfg['arm']} process {why}; log {log_path}:\n{tail}"}
         return result, wall
+
+
+def check_all_settings(runner: Runner, arms: list[str], json_path: str) -> int:
+    """Each arm in its own process, set up but not trained: does torch report what the arm intends?"""
+    results = {}
+    for arm in arms:
+        cfg = {"arm": arm, "mode": "settings", "device": "cpu", "setter": ARMS[arm][1], "intent": ARMS[arm][3]}
+        result, _ = runner.run(f"settings-{arm}", cfg)
+        results[arm] = result
+        if "error" in result:
+            line = f"FAILED: {result['error']}"
+        else:
+            settings = result["allocator_settings"]
+            line = f"expandable_segments={settings['expandable_segments']} (intended {ARMS[arm][3]}) from {settings['source']}"
+        print(f"{arm:<15}{line}")
+    if os.path.dirname(json_path):
+        os.makedirs(os.path.dirname(json_path), exist_ok=True)
+    with open(json_path, "w", encoding="utf-8") as f:
+        json.dump(results, f, indent=1)
+    return 1 if any("error" in r for r in results.values()) else 0
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -825,6 +867,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--quick", action="store_true", help="small model and 60 steps: under 2 minutes on one GPU")
     p.add_argument("--smoke", action="store_true", help="the CPU smoke path even when a GPU is present")
+    p.add_argument(
+        "--check-settings",
+        action="store_true",
+        help="only check that each arm gets the allocator setting it intends (its own process, no training); "
+        "exact on CUDA builds even without a GPU",
+    )
     p.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated arms (default: all: {','.join(ARMS)})")
     p.add_argument("--repeats", type=int, help="run the arm sequence this many times, interleaved (full: 2)")
     p.add_argument("--steps", type=int, help="steps per arm (full: 300, quick: 60)")
@@ -881,6 +929,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     mode = "smoke" if args.smoke else ("quick" if args.quick else "full")
     conf = settings_for(mode)
     runner = Runner(args.out, args.python, conf["arm_timeout"])
+    if args.check_settings:
+        return check_all_settings(runner, arms, args.json or os.path.join(args.out, "settings.json"))
     if runner.stripped:
         notes.append(f"ignored for the arms (each sets its own): {runner.stripped}")
 

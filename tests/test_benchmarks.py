@@ -125,6 +125,33 @@ def test_bench_smoke_every_arm(tmp_path: Path) -> None:
     assert "hook" in result.stdout and "static-env" in result.stdout
 
 
+@pytest.mark.slow
+def test_bench_check_settings_every_arm(tmp_path: Path, torch_python: str) -> None:
+    """Each arm's mechanism (env, NeMo's runtime setter, autoalloc's hook) reaches torch.
+
+    On the CUDA build the answer is torch's parsed ``_snapshot()["allocator_settings"]``,
+    exactly what the GPU run asserts, and it needs no GPU.
+    """
+    result = subprocess.run(
+        [torch_python, "-m", "autoalloc", "bench", "--check-settings", "--out", str(tmp_path / "w")],
+        cwd=tmp_path,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    results = json.loads((tmp_path / "w" / "settings.json").read_text())
+    assert list(results) == list(bench.ARMS)
+    cuda_build = any("_snapshot" in str(r["allocator_settings"]["source"]) for r in results.values())
+    for arm, r in results.items():
+        assert r["allocator_settings"]["expandable_segments"] is bench.ARMS[arm][3], (arm, r)
+        assert r["verified"] is True
+        assert ("_snapshot()" in r["allocator_settings"]["source"]) == cuda_build
+    assert results["hook"]["hook"]["rule"] == bench.HOOK_RULE
+    assert cuda_build == (torch_python != PY)
+
+
 def test_bench_unknown_arm_is_an_error(tmp_path: Path) -> None:
     assert bench.main(["--arms", "default,nope", "--out", str(tmp_path)]) == 2
 
