@@ -278,8 +278,8 @@ def _validated(layer: str, path: str, table: object, allow_trust: bool) -> tuple
 def _location(layer: str, locate) -> tuple[str | None, LayerStatus | None]:
     try:
         return locate(), None
-    except Exception as exc:  # platformdirs on a strange system: report, go on
-        return None, LayerStatus(layer, None, "error", f"cannot locate: {exc}")
+    except Exception as exc:  # e.g. no HOME and no passwd entry: no such layer (explain shows why)
+        return None, LayerStatus(layer, None, "missing", f"cannot locate: {exc}")
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
@@ -295,6 +295,11 @@ def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
     add(*_load_file("builtin", BUILTIN_PATH, False))
     for layer, locate in (("site", site_path), ("user", user_path)):
         path, failure = _location(layer, locate)
+        if path and not os.path.isabs(path):
+            # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
+            # read from the working directory, i.e. from whatever repository is there.
+            add(LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)"), None)
+            continue
         add(*(_load_file(layer, path, True) if path else (failure, None)))
     env_path = env.get("AUTOALLOC_CONFIG") or None
     env_result = _load_file("env", env_path, True) if env_path else (LayerStatus("env", None, "unset"), None)

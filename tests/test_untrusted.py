@@ -285,3 +285,27 @@ def test_foreign_project_end_to_end(sandbox: Sandbox) -> None:
     sandbox.user_policy(f'trusted_dirs = ["{policy.parent}"]\n')
     trusted = sandbox.run([NEMO])
     assert probe_result(trusted.stdout)["getter"] == "" and trusted.stderr == ""
+
+
+@pytest.mark.hook
+def test_no_home_is_no_user_layer(world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A uid without a passwd entry and no HOME (containers): platformdirs raises (newer) or
+    answers "~/.config/..." (older), a relative path that, read as it is, would let the
+    repository in the working directory supply the user layer and its trusted_dirs. Either
+    way: no user layer, no warning in every process."""
+    import pwd
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("XDG_CONFIG_HOME")
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: (_ for _ in ()).throw(KeyError(uid)))
+    monkeypatch.chdir(world / "proj")
+    planted = world / "proj" / "~" / ".config" / "autoalloc" / "config.toml"
+    planted.parent.mkdir(parents=True)
+    planted.write_text('trusted_dirs = ["*"]\nenabled = false\n')
+    for relative in (False, True):
+        if relative:  # what older platformdirs return
+            monkeypatch.setattr(sources, "user_path", lambda: "~/.config/autoalloc/config.toml")
+        policy, _ = load(world, cwd=str(world / "proj"))
+        user = next(s for s in policy.layers if s.layer == "user")
+        assert user.status == "missing" and policy.enabled.value is True
+        assert decide.layer_warnings(policy) == []
