@@ -407,8 +407,73 @@ def p3_fixture(work: Path, rules: int, depth: int) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------- the cases
 
 
-def p1(venv: Venv, env: dict, cwd: str, runs: int, warmup: int) -> dict:
-    return measured(interleaved(venv, [venv.python, "-c", "pass"], env, cwd, runs, warmup), BUDGET_RATIO)
+def p1(venv: Venv, env: dict, cwd: str, runs: int, warmup: int, probe_runs: int = 0) -> dict:
+    result = measured(interleaved(venv, [venv.python, "-c", "pass"], env, cwd, runs, warmup), BUDGET_RATIO)
+    if probe_runs:
+        venv.set_hook(False)
+        try:
+            pth = str(venv._site / "autoalloc.pth.aside")
+            samples = inprocess(venv, ["-c", PTH_LINE_PROBE, pth], env, cwd, probe_runs)
+        finally:
+            venv.set_hook(True)
+        result["hook_line"] = {"wall": us_summary([s[0] for s in samples]), "cpu": us_summary([s[1] for s in samples])}
+    return result
+
+
+# The hook's own work, timed inside one process: far less exposed to other processes than
+# the whole-process comparison. Wall (perf_counter) and CPU (process_time) nanoseconds.
+PTH_LINE_PROBE = """
+import sys, time
+src = open(sys.argv[1], encoding="utf-8").read()
+t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+exec(src)  # what site.py does with an import line of a .pth file
+t1, c1 = time.perf_counter_ns(), time.process_time_ns()
+assert any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path)
+print(t1 - t0, c1 - c0)
+"""
+
+IMPORT_TORCH_PROBE = """
+import sys, time
+watcher = next(f for f in sys.meta_path if getattr(f, "autoalloc_watcher", False))
+spent = {"decide": [0, 0], "guards": [0, 0]}
+find_spec = watcher.find_spec
+
+def timed(key, fn, *args):
+    t0, c0 = time.perf_counter_ns(), time.process_time_ns()
+    try:
+        return fn(*args)
+    finally:
+        spent[key][0] += time.perf_counter_ns() - t0
+        spent[key][1] += time.process_time_ns() - c0
+
+def timed_find_spec(fullname, path=None, target=None):
+    if fullname != "torch":
+        return find_spec(fullname, path, target)
+    spec = timed("decide", find_spec, fullname, path, target)
+    hook = sys.modules["autoalloc.hook"]
+    loaded = hook._torch_loaded
+    hook._torch_loaded = lambda w: timed("guards", loaded, w)
+    return spec
+
+watcher.find_spec = timed_find_spec
+import torch
+import os
+assert os.environ.get("AUTOALLOC_APPLIED"), "the hook did not apply"
+print(*spent["decide"], *spent["guards"])
+"""
+
+
+def inprocess(venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs: int) -> list[list[float]]:
+    """Run ``python *argv_tail`` in ``runs`` fresh processes; the numbers each prints, in microseconds."""
+    out = []
+    for _ in range(runs):
+        line = run_out(venv, [venv.python, *argv_tail], env, cwd).stdout.split()
+        out.append([int(x) / 1000 for x in line])
+    return out
+
+
+def us_summary(values: list[float]) -> dict:
+    return {"median_us": statistics.median(values), "p10_us": quantile(values, 0.1), "p90_us": quantile(values, 0.9)}
 
 
 def armed_check(venv: Venv, env: dict, cwd: str) -> dict:
@@ -422,7 +487,7 @@ def armed_check(venv: Venv, env: dict, cwd: str) -> dict:
     return out
 
 
-def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int) -> dict:
+def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int, probe_runs: int = 0) -> dict:
     project = work / "project"
     write(project / "pyproject.toml", PROJECT_PYPROJECT)
     script = write(project / "src" / "train_asr_bench.py", "import torch\n")
@@ -442,6 +507,16 @@ def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int) -> 
     result["applied"] = applied
     result["applied_ok"] = applied["hook"].startswith("bench-project-rule;") and applied["no_hook"].startswith("None")
     result["importtime"] = importtime_check(venv, [str(script)], env, str(project), importtime_runs)
+    if probe_runs:
+        # run as a script that matches the project rule, like the timed one
+        probe = write(project / "src" / "train_asr_probe.py", IMPORT_TORCH_PROBE)
+        samples = inprocess(venv, [str(probe)], env, str(project), probe_runs)
+        result["hook_at_import_torch"] = {
+            "decide_wall": us_summary([s[0] for s in samples]),
+            "decide_cpu": us_summary([s[1] for s in samples]),
+            "guards_wall": us_summary([s[2] for s in samples]),
+            "guards_cpu": us_summary([s[3] for s in samples]),
+        }
     return result
 
 
@@ -548,6 +623,19 @@ def table(results: dict) -> str:
             f"modules the hook adds to the torch process: {len(pit['extra_modules'])} "
             f"(self time {pit['extra_self_us_total'] / 1000:.1f} ms under -X importtime)"
         )
+    line = (results.get("p1") or {}).get("hook_line")
+    if line:
+        lines.append(
+            f"P1 hook's own work in process (the .pth line, exec'd as site.py does): "
+            f"{line['wall']['median_us']:.0f} us wall, {line['cpu']['median_us']:.0f} us CPU (median)"
+        )
+    at = (p2r or {}).get("hook_at_import_torch")
+    if at:
+        lines.append(
+            f"P2 hook's own work in process at import torch: decision {at['decide_wall']['median_us'] / 1000:.1f} ms wall "
+            f"({at['decide_cpu']['median_us'] / 1000:.1f} ms CPU), guards after torch loaded "
+            f"{at['guards_wall']['median_us'] / 1000:.1f} ms ({at['guards_cpu']['median_us'] / 1000:.1f} ms CPU), median"
+        )
     armed = results.get("armed")
     if armed:
         lines.append(f"watcher armed: hook {armed['hook']}, no hook {armed['no_hook']} -> {'ok' if armed['ok'] else 'FAIL'}")
@@ -637,9 +725,9 @@ def main(argv: list[str] | None = None) -> int:
             failures.append(f"the hook imports {it['extra_modules']} (expected only {sorted(HOOK_MODULES)})")
 
         if "p1" in only:
-            results["p1"] = p1(venv, env, cwd, runs, warmup)
+            results["p1"] = p1(venv, env, cwd, runs, warmup, 3 if args.quick else 50)
         if "p2" in only:
-            results["p2"] = p2(venv, work, runs_p2, 0 if args.quick else 2, 1 if args.quick else 3)
+            results["p2"] = p2(venv, work, runs_p2, 0 if args.quick else 2, 1 if args.quick else 3, 1 if args.quick else 10)
             if not results["p2"]["applied_ok"]:
                 failures.append(f"P2: the hook arm did not apply the project rule: {results['p2']['applied']}")
         if "p3" in only:

@@ -59,6 +59,9 @@ def test_startup_benchmark_quick(tmp_path: Path) -> None:
     assert data["p1"]["budget_ratio"] == data["p2"]["budget_ratio"] == 1.02
     assert "within_budget" in data["p1"] and "within_budget" in data["p2"]
     assert data["p1_nobytecode"]["pycache_absent_after"] is True
+    # the hook's own work, timed in process: the .pth line, and the decision at import torch
+    assert set(data["p1"]["hook_line"]) == {"wall", "cpu"}
+    assert {"decide_wall", "decide_cpu", "guards_wall", "guards_cpu"} == set(data["p2"]["hook_at_import_torch"])
     # P2's hook arm really applied the project rule; the arm without the hook did not
     assert data["p2"]["applied_ok"] is True
     assert data["p2"]["applied"]["hook"].startswith("bench-project-rule;expandable_segments:True")
