@@ -283,15 +283,17 @@ def aborts_import(text: str) -> bool:
 
     Models the load-time scan of ``PYTORCH_CUDA_ALLOC_CONF`` (else ``PYTORCH_ALLOC_CONF``):
     it walks ``key : value`` triples (a value may be a ``[...]`` list) and skips one
-    separator after each, without checking what the separators are; reading a token
-    past the end is an uncaught ``c10::Error`` in a static initializer. Checked against
-    torch 2.14.1 by tests/test_serializer_property.py. Up to 2.9 the scan was a regex and
-    never aborted.
+    separator after each, without checking what the separators are, and stops after the
+    value of a ``backend`` key; reading a token past the end is an uncaught ``c10::Error``
+    in a static initializer. Checked against torch 2.14.1 by
+    tests/test_serializer_property.py. Up to 2.9 the scan was a regex and never aborted.
     """
     toks = tokens(text)
     n = len(toks)
     i = 0
     while i < n:
+        if toks[i] == "backend":
+            return i + 2 >= n  # reads the two tokens after it, then stops
         i += 2  # the ':' after the key, then the value
         if i >= n:
             return True

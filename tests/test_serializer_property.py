@@ -336,6 +336,10 @@ def test_torch_2141_cuda_batch(tmp_path: Path) -> None:
             continue
         cases.append({"kind": "merged", "text": allocconf.serialize(merged), "setter": True, "user": user,
                       "es": allocconf.last_value(merged, "expandable_segments")})
+    # fixed probes of the scan model (the backend key stops the scan after its value)
+    for text in ["backend", "backend:", "backend:x,foo", "backend,[backend", "backend:[a", "a:backend:x", "[:x", "x:[",
+                 "x:y,backend:native,foo", "backend::", "x:a]", "a:b:c", "expandable_segments:True,", ",x:y"]:
+        cases.append({"kind": "env", "text": text, "setter": False})
     cases.append({"kind": "env", "text": "expandable_segments", "setter": False})  # known to abort
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTORCH_", "AUTOALLOC_"))}
     env["AUTOALLOC_DISABLE"] = "1"
