@@ -24,6 +24,7 @@ and says nothing:
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ from autoalloc.policy import Policy, Rule, Valued
 from autoalloc.torchinfo import TorchInfo
 
 APPLIED_VAR = "AUTOALLOC_APPLIED"
+# What the allocator variables held before autoalloc wrote them (JSON; null = unset), so a
+# child that a skip rule denies (a vLLM server started by a training job) gets them back.
+ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"
 ISSUE_119452 = "https://github.com/pytorch/pytorch/issues/119452"
 ISSUE_123548 = "https://github.com/pytorch/pytorch/issues/123548"
 SEGMENTS = "expandable_segments"
@@ -62,6 +66,7 @@ class Decision:
     read_var: str | None = None  # the variable torch reads, after the writes
     value: str | None = None  # the allocator string torch will read
     writes: Mapping[str, str] = field(default_factory=dict)  # environment assignments to make
+    unsets: tuple[str, ...] = ()  # environment variables to remove
     setter_value: str | None = None  # for a late trigger: the full string for the runtime setter
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
@@ -70,7 +75,7 @@ class Decision:
     def via(self) -> str:
         if self.setter_value is not None:
             return "setter"
-        return "env" if self.writes.keys() - {APPLIED_VAR} else ""
+        return "env" if self.writes.keys() - {APPLIED_VAR, ORIGINAL_VAR} or self.unsets else ""
 
     def summary(self) -> str:
         parts = [f"{self.entry.describe()}: {self.action}"]
@@ -102,6 +107,24 @@ def parse_applied(text: str | None) -> tuple[str, str] | None:
         return None
     rule, _, value = text.partition(";")
     return rule, value
+
+
+def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
+    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded, or None without a record."""
+    try:
+        original = json.loads(env.get(ORIGINAL_VAR) or "null")
+    except ValueError:
+        return None
+    if not isinstance(original, dict) or not set(original) <= set(ALL_VARS):
+        return None
+    if not all(v is None or isinstance(v, str) for v in original.values()):
+        return None
+    writes = {k: v for k, v in original.items() if v is not None}
+    unsets = (*(k for k, v in original.items() if v is None and k in env), APPLIED_VAR, ORIGINAL_VAR)
+    after = {k: v for k, v in {**env, **writes}.items() if k not in unsets}
+    read_var = allocconf.effective_var(after, torch)
+    value = after.get(read_var, "") if read_var else ""
+    return {**base, "writes": writes, "unsets": unsets, "read_var": read_var, "value": value}
 
 
 def layer_warnings(policy: Policy) -> list[str]:
@@ -173,6 +196,15 @@ def decide(
 
     applied = parse_applied(env.get(APPLIED_VAR))
     if applied is not None and applied[1] == current:
+        denied = first_match(policy.rules, entry, imported) if policy.enabled.value else None
+        if denied is not None and denied.rule is not None and denied.rule.action == "skip":
+            undone = _undo(env, torch, base)
+            if undone is not None:
+                return Decision(
+                    "skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
+                    reason=f"{denied.reason}; restoring the allocator variables a parent process changed "
+                    f"(rule {applied[0]})", trigger=denied.trigger, **undone,
+                )
         return Decision(
             "inherited", rule=applied[0] or None, rule_source=f"a parent process ({APPLIED_VAR})",
             reason=f"a parent process applied rule {applied[0]}", **base,
@@ -261,6 +293,8 @@ def resolve(
                 also = f" and writes the result to {', '.join(written)} too" if written else ""
                 action = f"autoalloc merges into {source_var}{also}"
             warnings.insert(first, f"{several}. {action}.")
+        if writes and ORIGINAL_VAR not in env:
+            writes[ORIGINAL_VAR] = json.dumps({name: env_before.get(name) for name in writes}, sort_keys=True)
         writes[APPLIED_VAR] = f"{rule.name};{value}"
         return Decision(
             "apply", entry, torch, rule.name, rule.source.describe(), reason, trigger,

@@ -64,6 +64,7 @@ def decision_dict(decision: Decision) -> dict[str, Any]:
         "requested": dict(decision.requested),
         "env_before": dict(decision.env_before),
         "writes": dict(decision.writes),
+        "unsets": list(decision.unsets),
         "setter_value": decision.setter_value,
         "read_var": decision.read_var,
         "value": decision.value,
@@ -152,10 +153,12 @@ def render(report: Mapping[str, Any]) -> str:
     lines.append(f"decision:     {d['action']}" + (f"  rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""))
     if d["reason"]:
         lines.append(f"because:      {d['reason']}")
-    if d["writes"]:
+    if d["writes"] or d["unsets"]:
         lines.append("environment:")
         for name, value in d["writes"].items():
             lines.append(f"  {name}: {_value(d['env_before'].get(name))} -> {value!r}")
+        for name in d["unsets"]:
+            lines.append(f"  {name}: removed")
     if d["action"] == "apply":
         lines.append(f"torch reads:  {d['read_var']}={_value(d['value'])}")
     if report.get("import_triggers"):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 from dataclasses import dataclass, field
 
 from autoalloc import entrypoint, report, sources, torchinfo
@@ -35,6 +36,7 @@ class State:
 
 
 STATE = State()
+WARNED_VAR = "AUTOALLOC_WARNED"
 
 
 def on_find(watcher, fullname: str, path, target):
@@ -142,15 +144,36 @@ def commit(decision: Decision) -> None:
     STATE.decision = decision
     for name, value in decision.writes.items():
         os.environ[name] = value
+    for name in decision.unsets:
+        os.environ.pop(name, None)
     if decision.setter_value is not None:
         STATE.setter_error = _call_setter(decision.setter_value)
-    for message in decision.warnings:
-        report.warn(message)
+    messages = list(decision.warnings)
     if STATE.setter_error:
-        report.warn(f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: {STATE.setter_error}")
+        messages.append(f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: {STATE.setter_error}")
+    for message in _not_yet_said(messages):
+        report.warn(message)
     report.debug(decision.summary())
     for note in decision.notes:
         report.debug(f"note: {note}")
+
+
+def _not_yet_said(messages: list[str]) -> list[str]:
+    """The messages no process of this job has warned about yet; marks them as said.
+
+    ``AUTOALLOC_WARNED`` carries a short digest of each warning to child processes, so a
+    bad policy file or a conflict is reported once per job, not once per worker.
+    """
+    said = os.environ.get(WARNED_VAR, "").split(",")
+    fresh = []
+    for message in messages:
+        digest = format(zlib.crc32(message.encode("utf-8", "surrogateescape")), "08x")
+        if digest not in said:
+            said.append(digest)
+            fresh.append(message)
+    if fresh:
+        os.environ[WARNED_VAR] = ",".join(d for d in said if d)
+    return fresh
 
 
 def _call_setter(value: str) -> str | None:

@@ -218,6 +218,7 @@ def _decision_dict(decision: Decision) -> dict[str, Any]:
         "trigger": decision.trigger,
         "requested": dict(decision.requested),
         "writes": dict(decision.writes),
+        "unsets": list(decision.unsets),
         "via": decision.via or None,
         "read_var": decision.read_var,
         "value": decision.value,

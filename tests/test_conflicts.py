@@ -14,7 +14,7 @@ import textwrap
 import pytest
 
 from autoalloc import allocconf
-from autoalloc.decide import APPLIED_VAR, Decision, decide
+from autoalloc.decide import APPLIED_VAR, ORIGINAL_VAR, Decision, decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.policy import Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
@@ -46,10 +46,15 @@ def run(env: dict[str, str], torch: TorchInfo | None = T214, platform: str = "li
     d = decide(policy(**data), TRAIN, env, torch, platform=platform)
     assert d.action == "apply"
     for name, value in d.writes.items():  # never malformed
-        if name != APPLIED_VAR:
+        if name not in (APPLIED_VAR, ORIGINAL_VAR):
             allocconf.parse(value)
             assert not allocconf.aborts_import(value)
     return d
+
+
+def writes(d: Decision) -> dict[str, str]:
+    """The decision's writes without the record of the original variables (tested in test_decide_core)."""
+    return {k: v for k, v in d.writes.items() if k != ORIGINAL_VAR}
 
 
 def child(d: Decision, env: dict[str, str], torch: TorchInfo | None = T214, **data: object) -> Decision:
@@ -86,7 +91,7 @@ def test_read_order_per_version(torch: TorchInfo | None, order: tuple[str, ...])
 def test_nothing_set_writes_both_names_identically(torch: TorchInfo) -> None:
     # 2.9 prints a deprecation warning for the CUDA name unless PYTORCH_ALLOC_CONF holds the same value
     d = run({}, torch)
-    assert d.writes == {CUDA: ES, ALLOC: ES, APPLIED_VAR: f"asr;{ES}"}
+    assert writes(d) == {CUDA: ES, ALLOC: ES, APPLIED_VAR: f"asr;{ES}"}
     assert d.read_var == CUDA and d.warnings == ()
 
 
@@ -103,7 +108,7 @@ def test_several_variables_set_but_empty_wins() -> None:
         "uses only PYTORCH_CUDA_ALLOC_CONF (set but empty, which still wins) and ignores PYTORCH_ALLOC_CONF. "
         "autoalloc merges into PYTORCH_CUDA_ALLOC_CONF.",
     )
-    assert d.writes == {CUDA: ES, APPLIED_VAR: f"asr;{ES}"}  # PYTORCH_ALLOC_CONF differs: left alone
+    assert writes(d) == {CUDA: ES, APPLIED_VAR: f"asr;{ES}"}  # PYTORCH_ALLOC_CONF differs: left alone
     assert child(d, env).action == "inherited" and child(d, env).warnings == ()
 
 
@@ -143,7 +148,7 @@ def test_torch_29_ignores_pytorch_alloc_conf() -> None:
         "autoalloc: torch 2.9.1+cu128 (CUDA 12.8) ignores PYTORCH_ALLOC_CONF='max_split_size_mb:64' (it reads only "
         "PYTORCH_CUDA_ALLOC_CONF); left as it is, and autoalloc writes PYTORCH_CUDA_ALLOC_CONF",
     )
-    assert d.writes == {CUDA: ES, APPLIED_VAR: f"asr;{ES}"}
+    assert writes(d) == {CUDA: ES, APPLIED_VAR: f"asr;{ES}"}
     both = run({HIP: "a:b", ALLOC: "c:d"}, T29)
     assert both.warnings[0].endswith(
         "torch 2.9.1+cu128 (CUDA 12.8) reads none of them (it reads only PYTORCH_CUDA_ALLOC_CONF). "
@@ -170,7 +175,7 @@ def test_explicit_false_is_kept_with_one_warning() -> None:
         "autoalloc: PYTORCH_CUDA_ALLOC_CONF sets expandable_segments:False, rule asr wants expandable_segments:True; "
         'keeping expandable_segments:False (set on_conflict = "override" to replace it)',
     )
-    assert d.value == "expandable_segments:False" and d.writes == {APPLIED_VAR: "asr;expandable_segments:False"}
+    assert d.value == "expandable_segments:False" and writes(d) == {APPLIED_VAR: "asr;expandable_segments:False"}
     inherited = child(d, env)
     assert inherited.action == "inherited" and inherited.warnings == () and inherited.rule == "asr"
 
@@ -207,7 +212,7 @@ def test_cuda_malloc_async_skips_expandable_segments() -> None:
         "autoalloc: PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync, where expandable_segments has no effect; "
         "autoalloc does not add it",
     )
-    assert d.value == "backend:cudaMallocAsync" and d.requested == {} and d.writes == {APPLIED_VAR: "asr;backend:cudaMallocAsync"}
+    assert d.value == "backend:cudaMallocAsync" and d.requested == {} and writes(d) == {APPLIED_VAR: "asr;backend:cudaMallocAsync"}
     assert child(d, env).action == "inherited"
 
 
@@ -280,7 +285,7 @@ def test_cross_key_sizes_are_checked_after_the_merge() -> None:
 def test_unparseable_value_left_exactly_as_it_is(text: str, aborts: bool) -> None:
     env = {CUDA: text, ALLOC: "max_split_size_mb:64"}
     d = run(env, T214)
-    assert d.writes == {APPLIED_VAR: f"asr;{text}"} and d.value == text
+    assert writes(d) == {APPLIED_VAR: f"asr;{text}"} and d.value == text
     (warning,) = [w for w in d.warnings if "cannot parse" in w]
     assert warning.startswith(f"autoalloc: cannot parse PYTORCH_CUDA_ALLOC_CONF={text!r} (")
     assert "it is left exactly as it is and rule asr is not applied" in warning
@@ -298,7 +303,7 @@ def test_torch_20_never_gets_the_key() -> None:
         "autoalloc: expandable_segments needs torch >= 2.1, but torch 2.0.1+cu118 (CUDA 11.8) is installed: "
         "not set (asked for by autoalloc's default)",
     )
-    assert d.writes == {APPLIED_VAR: "asr;"} and d.requested == {}
+    assert writes(d) == {APPLIED_VAR: "asr;"} and d.requested == {}
     assert run({CUDA: "max_split_size_mb:64"}, T20).value == "max_split_size_mb:64"
 
 
@@ -328,7 +333,7 @@ def test_rocm_and_cpu(torch: TorchInfo, written: bool, note: str | None) -> None
 def test_windows_never_gets_the_key() -> None:
     d = run({CUDA: "max_split_size_mb:64"}, T214, platform="win32")
     assert d.notes == ("expandable segments are not supported on Windows: not written",)
-    assert d.value == "max_split_size_mb:64" and d.writes == {APPLIED_VAR: "asr;max_split_size_mb:64"}
+    assert d.value == "max_split_size_mb:64" and writes(d) == {APPLIED_VAR: "asr;max_split_size_mb:64"}
 
 
 # ---------------------------------------------------------------- end to end, real torch

@@ -27,6 +27,7 @@ def test_apply_writes_both_names_and_records() -> None:
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
         "PYTORCH_ALLOC_CONF": "expandable_segments:True",
         "AUTOALLOC_APPLIED": "asr;expandable_segments:True",
+        "AUTOALLOC_ORIGINAL": '{"PYTORCH_ALLOC_CONF": null, "PYTORCH_CUDA_ALLOC_CONF": null}',
     }
     assert d.read_var == "PYTORCH_CUDA_ALLOC_CONF" and d.value == "expandable_segments:True"
     assert d.warnings == () and d.notes == ()
@@ -90,3 +91,17 @@ def test_version_file_parsing() -> None:
     assert parse_version_file("__version__ = '2.13.0+cpu'\ncuda = None\n").flavour == "cpu"
     assert parse_version_file("hip = '6.2'\n__version__ = \"2.11.0+rocm6.2\"\n").flavour == "rocm"
     assert parse_version_file("nothing here") is None
+
+
+def test_child_denied_by_a_skip_rule_gets_the_original_variables_back() -> None:
+    parent = decide(policy(), TRAIN, {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5"}, CUDA)
+    assert parent.writes["AUTOALLOC_ORIGINAL"] == '{"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5", "PYTORCH_CUDA_ALLOC_CONF": null}'
+    child_env = {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5", **parent.writes}
+    infer = EntryPoint("script", "/w/infer.py", (), "/w/infer.py", "/w/infer.py")
+    child = decide(policy(), infer, child_env, CUDA)
+    assert child.action == "skip" and "restoring" in child.reason
+    assert child.writes == {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5"}
+    assert set(child.unsets) == {"PYTORCH_CUDA_ALLOC_CONF", "AUTOALLOC_APPLIED", "AUTOALLOC_ORIGINAL"}
+    assert child.value == "garbage_collection_threshold:0.5" and child.read_var == "PYTORCH_ALLOC_CONF"
+    # a child the policy does not deny keeps what it inherited
+    assert decide(policy(), EntryPoint("code"), child_env, CUDA).action == "inherited"

@@ -248,3 +248,37 @@ def test_hook_imports_nothing_at_startup(sandbox: Sandbox) -> None:
         nested.append(name.strip())
     assert nested == ["autoalloc"]
     assert os.path.basename(lines[index + 1].strip()) != "autoalloc"
+
+
+SPAWNS_INFERENCE = """
+import os, subprocess, sys, torch
+out = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "transcribe_speech.py")],
+                     capture_output=True, text=True)
+print(out.stdout, end="")
+print("CHILD_STDERR", repr(out.stderr))
+"""
+
+
+def test_inference_child_of_a_training_job_gets_the_users_variables_back(sandbox: Sandbox) -> None:
+    sandbox.write(NEMO, SPAWNS_INFERENCE)
+    sandbox.script("NeMo/examples/asr/asr_ctc/transcribe_speech.py")
+    result = sandbox.run([NEMO], env={"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5"})
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == "garbage_collection_threshold:0.5"
+    assert probe["env"] == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_HIP_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5"}
+    assert probe["applied"] is None
+    assert "CHILD_STDERR ''" in result.stdout
+
+
+def test_a_bad_policy_file_warns_once_per_job(sandbox: Sandbox) -> None:
+    sandbox.write("autoalloc.toml", "enabled = [unclosed\n")
+    code = (
+        "import subprocess, sys, torch\n"
+        "subprocess.run([sys.executable, '-c', 'import torch'])\n"
+        "subprocess.run([sys.executable, '-c', 'import torch'], env={k: v for k, v in __import__('os').environ.items() if k != 'AUTOALLOC_WARNED'})\n"
+    )
+    result = sandbox.run(["-c", code])
+    assert result.returncode == 0
+    # the parent and its first child share the job's memory of the warning; the child that lost it warns again
+    assert len(autoalloc_warnings(result.stderr)) == 2
