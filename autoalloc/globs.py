@@ -61,7 +61,7 @@ class PathGlob:
     fnmatch glob (linear since Python 3.9) matched against one segment.
     """
 
-    __slots__ = ("_fixed", "_segments", "pattern")
+    __slots__ = ("_fixed", "_last", "_literals", "_segments", "pattern")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -80,10 +80,19 @@ class PathGlob:
                 segments.append(_segment(part))
         self._segments = tuple(segments)
         self._fixed = sum(1 for m in segments if m is not _DSTAR)
+        # Cheap necessary conditions, checked first: most rules fail on them (a policy of
+        # 200 rules is decided at every `import torch`).
+        self._literals = frozenset(m.text for m in segments if isinstance(m, _Literal))
+        last = segments[-1]
+        self._last = None if last is _DSTAR or last is _ANY else last
 
     def match(self, path: str) -> bool:
         parts = path.split("/")
         if self._fixed > len(parts):
+            return False
+        if self._last is not None and not self._last.match(parts[-1]):
+            return False
+        if not self._literals.issubset(parts):
             return False
         pattern = self._segments
         p = s = 0
