@@ -331,7 +331,7 @@ def cases(draw, layer: str, entry_kinds=entry_kinds_all, torches=torches_all) ->
 class World:
     """Layer files under one directory, rewritten for each case."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, script: str = "sub/train_asr.py") -> None:
         self.root = root
         self.paths = {
             "site": root / "xdg-site" / "autoalloc" / "config.toml",
@@ -340,7 +340,7 @@ class World:
             "pyproject": root / "work" / "proj" / "pyproject.toml",
             "env": root / "env-policy.toml",
         }
-        self.script = root / "work" / "proj" / "sub" / "train_asr.py"
+        self.script = root / "work" / "proj" / script
         for path in [*self.paths.values(), self.script]:
             path.parent.mkdir(parents=True, exist_ok=True)
         (root / "home").mkdir(exist_ok=True)
@@ -558,7 +558,9 @@ def test_fuzz_through_real_interpreters(tmp_path: Path, monkeypatch: pytest.Monk
     # Lay out each case and predict its decision in process (platformdirs reads os.environ).
     jobs = []
     for i, case in enumerate(collected):
-        world = World(tmp_path / f"c{i}")
+        # Half the scripts match the built-in NeMo rule (unless a layer says otherwise), half only
+        # the generated rules: most cases then write allocator options for torch to read.
+        world = World(tmp_path / f"c{i}", "examples/asr/asr_ctc/speech_to_text_ctc_bpe.py" if i % 2 else "sub/train_asr.py")
         world.script.write_text(FUZZ_SCRIPT)
         base = clean_env(world.root)
         for key in ("XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "HOME"):
@@ -590,4 +592,4 @@ def test_fuzz_through_real_interpreters(tmp_path: Path, monkeypatch: pytest.Monk
         assert seen["env"] == expected_env, where
         assert len(autoalloc_warnings(result.stderr)) == len(decision.warnings), (decision.warnings, where)
         applied += decision.action == "apply" and bool(decision.writes.keys() & set(ALL_VARS))
-    assert applied > len(jobs) // 20
+    assert applied > len(jobs) // 4, applied
