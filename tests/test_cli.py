@@ -93,6 +93,7 @@ def test_explain_text_and_launcher(sandbox: Sandbox) -> None:
     assert "watching:     asrkit" not in none.stdout and "espnet2.train.trainer" in none.stdout
 
 
+@pytest.mark.hook
 def test_init_writes_and_refuses_to_overwrite(sandbox: Sandbox) -> None:
     first = autoalloc(sandbox, "init")
     assert first.returncode == 0 and (sandbox.work / "autoalloc.toml").exists()
@@ -104,6 +105,7 @@ def test_init_writes_and_refuses_to_overwrite(sandbox: Sandbox) -> None:
     assert autoalloc(sandbox, "init", "--user").returncode == 1
 
 
+@pytest.mark.hook
 def test_check(sandbox: Sandbox) -> None:
     good = sandbox.write("good.toml", '[[rules]]\nname = "a"\nscripts = ["x.py"]\n')
     bad = sandbox.write("bad.toml", "[allocator]\nmax_split_size_mb = 2\n")
@@ -119,6 +121,7 @@ def test_check(sandbox: Sandbox) -> None:
     assert layers.returncode == 1 and "builtin.toml" in layers.stdout and str(py) in layers.stdout
 
 
+@pytest.mark.hook
 @pytest.mark.parametrize("cmd", ["explain", "doctor", "init", "check"])
 def test_help(sandbox: Sandbox, cmd: str) -> None:
     result = autoalloc(sandbox, cmd, "--help")
