@@ -5,7 +5,7 @@ the public names are loaded on first access.
 """
 
 __version__ = "0.1.0"
-__all__ = ["AutoallocWarning", "__version__", "explain", "status"]
+__all__ = ["AutoallocWarning", "__version__", "status"]
 
 
 def __getattr__(name: str):
@@ -14,11 +14,7 @@ def __getattr__(name: str):
 
         return AutoallocWarning
     if name == "status":
-        from autoalloc.status import status
+        from autoalloc.doctor import status
 
         return status
-    if name == "explain":
-        from autoalloc.explain import explain
-
-        return explain
     raise AttributeError(f"module 'autoalloc' has no attribute {name!r}")

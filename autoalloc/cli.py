@@ -51,7 +51,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from autoalloc.status import render, status
+    from autoalloc.doctor import render, status
 
     result = status()
     print(json.dumps(result.as_dict(), indent=2, sort_keys=True) if args.json else render(result))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -194,9 +193,9 @@ def test_doctor_does_not_import_a_torch_that_would_abort(sandbox: Sandbox) -> No
 
 
 @pytest.mark.hook
-def test_status_module_is_callable_after_import() -> None:
+def test_status_stays_the_function_after_doctor_is_imported() -> None:
     import autoalloc
-    import autoalloc.status as module
+    import autoalloc.doctor
 
-    assert callable(module) and sys.modules["autoalloc.status"] is module
-    assert autoalloc.status is module or autoalloc.status is module.status
+    assert autoalloc.status is autoalloc.doctor.status
+    assert "status" in autoalloc.__all__ and "doctor" not in autoalloc.__all__

@@ -421,7 +421,6 @@ print("DOCTOR " + json.dumps({"status": mine, "doctor": json.loads(child.stdout)
 """
 
 
-@pytest.mark.skipif(not (Path(__file__).parents[1] / "autoalloc" / "status.py").is_file(), reason="autoalloc doctor not written yet")
 def test_lhotse_doctor_names_the_rule(sandbox: Sandbox) -> None:
     sandbox.user_policy('[[rules]]\nname = "lhotse-users"\nimports = ["lhotse"]\n')
     result = sandbox.run(["-c", DOCTOR, str(Path(PY).with_name("autoalloc"))])

@@ -36,7 +36,6 @@ from __future__ import annotations
 import os
 import site
 import sys
-import types
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -457,14 +456,3 @@ def render(status: Status) -> str:
         for note in s.matching_job["notes"]:
             lines.append(f"  note:    {note}")
     return "\n".join(lines)
-
-
-class _CallableModule(types.ModuleType):
-    """``autoalloc.status()`` works even where ``autoalloc.status`` is this module (the import system
-    binds a submodule to its package's attribute of the same name once it has been imported)."""
-
-    def __call__(self) -> Status:
-        return status()
-
-
-sys.modules[__name__].__class__ = _CallableModule
