@@ -433,10 +433,15 @@ print(t1 - t0, c1 - c0)
 """
 
 IMPORT_TORCH_PROBE = """
-import sys, time
+import sys, time  # both loaded at start-up already: this probe must not import what the hook needs
+# argv[1]: comma-separated modules to import first: those torch imports anyway, so that the
+# timing below is what the hook adds to the process ("net") rather than what it moves earlier.
+for name in sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []:
+    __import__(name)
 watcher = next(f for f in sys.meta_path if getattr(f, "autoalloc_watcher", False))
 spent = {"decide": [0, 0], "guards": [0, 0]}
 find_spec = watcher.find_spec
+imported = set()
 
 def timed(key, fn, *args):
     t0, c0 = time.perf_counter_ns(), time.process_time_ns()
@@ -449,7 +454,9 @@ def timed(key, fn, *args):
 def timed_find_spec(fullname, path=None, target=None):
     if fullname != "torch":
         return find_spec(fullname, path, target)
+    before = set(sys.modules)
     spec = timed("decide", find_spec, fullname, path, target)
+    imported.update(set(sys.modules) - before)
     hook = sys.modules["autoalloc.hook"]
     loaded = hook._torch_loaded
     hook._torch_loaded = lambda w: timed("guards", loaded, w)
@@ -460,14 +467,17 @@ import torch
 import os
 assert os.environ.get("AUTOALLOC_APPLIED"), "the hook did not apply"
 print(*spent["decide"], *spent["guards"])
+print(",".join(sorted(imported)))
 """
+
+TORCH_MODULES_PROBE = "import json, sys, torch; print(json.dumps(sorted(sys.modules)))"
 
 
 def inprocess(venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs: int) -> list[list[float]]:
-    """Run ``python *argv_tail`` in ``runs`` fresh processes; the numbers each prints, in microseconds."""
+    """Run ``python *argv_tail`` in ``runs`` fresh processes; the numbers each prints first, in microseconds."""
     out = []
     for _ in range(runs):
-        line = run_out(venv, [venv.python, *argv_tail], env, cwd).stdout.split()
+        line = run_out(venv, [venv.python, *argv_tail], env, cwd).stdout.splitlines()[0].split()
         out.append([int(x) / 1000 for x in line])
     return out
 
@@ -510,12 +520,24 @@ def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int, pro
     if probe_runs:
         # run as a script that matches the project rule, like the timed one
         probe = write(project / "src" / "train_asr_probe.py", IMPORT_TORCH_PROBE)
-        samples = inprocess(venv, [str(probe)], env, str(project), probe_runs)
+        hook_modules = set(run_out(venv, [venv.python, str(probe)], env, str(project)).stdout.splitlines()[1].split(","))
+        venv.set_hook(False)
+        try:
+            torch_modules = set(json.loads(run_out(venv, [venv.python, "-c", TORCH_MODULES_PROBE], env, str(project)).stdout))
+        finally:
+            venv.set_hook(True)
+        anyway = sorted(m for m in hook_modules & torch_modules if m != "torch" and not m.startswith("torch."))
+        gross = inprocess(venv, [str(probe)], env, str(project), probe_runs)
+        net = inprocess(venv, [str(probe), ",".join(anyway)], env, str(project), probe_runs)
         result["hook_at_import_torch"] = {
-            "decide_wall": us_summary([s[0] for s in samples]),
-            "decide_cpu": us_summary([s[1] for s in samples]),
-            "guards_wall": us_summary([s[2] for s in samples]),
-            "guards_cpu": us_summary([s[3] for s in samples]),
+            "decide_wall": us_summary([s[0] for s in gross]),
+            "decide_cpu": us_summary([s[1] for s in gross]),
+            "guards_wall": us_summary([s[2] for s in gross]),
+            "guards_cpu": us_summary([s[3] for s in gross]),
+            "net_decide_wall": us_summary([s[0] for s in net]),
+            "net_decide_cpu": us_summary([s[1] for s in net]),
+            "modules_hook_imports": sorted(hook_modules),
+            "of_which_torch_imports_anyway": anyway,
         }
     return result
 
@@ -635,6 +657,11 @@ def table(results: dict) -> str:
             f"P2 hook's own work in process at import torch: decision {at['decide_wall']['median_us'] / 1000:.1f} ms wall "
             f"({at['decide_cpu']['median_us'] / 1000:.1f} ms CPU), guards after torch loaded "
             f"{at['guards_wall']['median_us'] / 1000:.1f} ms ({at['guards_cpu']['median_us'] / 1000:.1f} ms CPU), median"
+        )
+        lines.append(
+            f"    the decision net of the {len(at['of_which_torch_imports_anyway'])} (of "
+            f"{len(at['modules_hook_imports'])}) modules it imports that torch imports anyway: "
+            f"{at['net_decide_wall']['median_us'] / 1000:.1f} ms wall ({at['net_decide_cpu']['median_us'] / 1000:.1f} ms CPU)"
         )
     armed = results.get("armed")
     if armed:
