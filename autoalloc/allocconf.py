@@ -172,13 +172,22 @@ def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> Non
     ``large_segment_size_mb`` (torch: "max_split_size_mb too small, must be >= 40").
     """
     pairs = list(options.items()) if isinstance(options, Mapping) else list(options)
-    large = last_value(pairs, "large_segment_size_mb")
-    if large is None or not large.isdigit():
+    large = _as_torch_reads_int(last_value(pairs, "large_segment_size_mb"))
+    if large is None:
         return
     for key in ("max_split_size_mb", "max_non_split_rounding_mb"):
-        value = last_value(pairs, key)
-        if value is not None and value.isdigit() and int(value) < int(large):
+        value = _as_torch_reads_int(last_value(pairs, key))
+        if value is not None and value < large:
             raise ConfError(f"{key} must be >= large_segment_size_mb ({value} < {large})")
+
+
+_LEADING_INT = re.compile(r"\+?([0-9]{1,20})")
+
+
+def _as_torch_reads_int(text: str | None) -> int | None:
+    """The number torch's ``stoull`` reads from ``text``: its leading digits (``100abc`` is 100)."""
+    m = _LEADING_INT.match(text) if text is not None else None
+    return int(m.group(1)) if m else None
 
 
 def serialize(pairs: Sequence[tuple[str, str]] | Mapping[str, str]) -> str:

@@ -30,7 +30,7 @@ from autoalloc import allocconf
 from autoalloc.allocconf import KEYS, ConfError
 from tests.conftest import CUDA_PY
 
-SETTINGS = settings(max_examples=300, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
 # ---------------------------------------------------------------- strategies
 
@@ -307,7 +307,7 @@ def _collect(strategy, n: int) -> list:
     """``n`` examples of a strategy (hypothesis drives the generation; the checks run in one batch)."""
     out: list = []
 
-    @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=n, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(strategy)
     def gather(example) -> None:
         out.append(example)
