@@ -53,7 +53,11 @@ class Watcher:
 def main() -> None:
     """Startup entry point; idempotent, because venvs process ``.pth`` files twice."""
     try:
-        if sys.flags.isolated or truthy(os.environ.get("AUTOALLOC_DISABLE")):
+        if sys.flags.isolated:
+            return
+        # Disabled: nothing to do, unless a parent process of this job wrote allocator
+        # variables, which the watcher then restores at `import torch`.
+        if truthy(os.environ.get("AUTOALLOC_DISABLE")) and "AUTOALLOC_ORIGINAL" not in os.environ:
             return
         meta_path = sys.meta_path
         for finder in meta_path:

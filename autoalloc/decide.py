@@ -109,6 +109,19 @@ def parse_applied(text: str | None) -> tuple[str, str] | None:
     return rule, value
 
 
+def disabled(entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None, reason: str) -> Decision:
+    """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent process wrote."""
+    read_var = allocconf.effective_var(env, torch)
+    current = env.get(read_var, "") if read_var else ""
+    base = {"entry": entry, "torch": torch, "read_var": read_var, "value": current,
+            "env_before": {name: env[name] for name in ALL_VARS if name in env}}
+    applied = parse_applied(env.get(APPLIED_VAR))
+    undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
+    if undone is not None:
+        reason += f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
+    return Decision("disabled", reason=reason, **(undone or base))
+
+
 def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
     """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded, or None without a record."""
     try:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from autoalloc import entrypoint, report, sources, torchinfo
 from autoalloc._startup import truthy
-from autoalloc.decide import Decision, decide
+from autoalloc.decide import Decision, decide, disabled
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers
 from autoalloc.policy import Policy
@@ -67,7 +67,7 @@ def _on_torch(watcher, path, target):
         STATE.torch = torchinfo.from_spec(spec)
         STATE.entry = _decided_for(entrypoint.current())
         if truthy(os.environ.get("AUTOALLOC_DISABLE")):
-            decision = Decision("disabled", STATE.entry, STATE.torch, reason="AUTOALLOC_DISABLE is set")
+            decision = disabled(STATE.entry, os.environ, STATE.torch, "AUTOALLOC_DISABLE is set")
         else:
             STATE.policy = sources.load(STATE.entry, os.environ, entrypoint.current_cwd())
             decision = decide(STATE.policy, STATE.entry, os.environ, STATE.torch, set(sys.modules))

@@ -282,3 +282,18 @@ def test_a_bad_policy_file_warns_once_per_job(sandbox: Sandbox) -> None:
     assert result.returncode == 0
     # the parent and its first child share the job's memory of the warning; the child that lost it warns again
     assert len(autoalloc_warnings(result.stderr)) == 2
+
+
+def test_disable_in_a_child_restores_what_the_parent_found(sandbox: Sandbox) -> None:
+    code = (
+        "import os, subprocess, sys, torch\n"
+        "env = dict(os.environ, AUTOALLOC_DISABLE='1')\n"
+        f"out = subprocess.run([sys.executable, '-c', {PROBE!r}], env=env, capture_output=True, text=True)\n"
+        "print(out.stdout, end='')\n"
+    )
+    sandbox.write(NEMO, code)
+    result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.5"})
+    assert result.returncode == 0, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == "garbage_collection_threshold:0.5"
+    assert probe["env"]["PYTORCH_ALLOC_CONF"] is None and probe["applied"] is None
