@@ -52,6 +52,36 @@ def probe_result(stdout: str) -> dict:
     return json.loads(lines[-1].split(" ", 1)[1])
 
 
+ES = "expandable_segments:True"
+
+
+def assert_applied(result: subprocess.CompletedProcess[str], rule: str | None = None, expected: str = ES) -> dict:
+    """The process ran cleanly and torch read ``expected`` (applied by ``rule``, when given)."""
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == expected, result.stderr
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
+    if rule is not None:
+        assert probe["applied"] == f"{rule};{expected}"
+    if probe["cuda_build"]:  # torch 2.14.1 CUDA: what the CUDA allocator itself parsed
+        assert probe["snapshot_expandable_segments"] is (ES in expected)
+    return probe
+
+
+def assert_untouched(result: subprocess.CompletedProcess[str]) -> dict:
+    """The process ran cleanly and autoalloc left torch's allocator variables alone."""
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["getter"] == "", probe
+    assert probe["env"] == dict.fromkeys(ALLOC_VARS)
+    assert probe["applied"] is None
+    if probe["cuda_build"]:
+        assert probe["snapshot_expandable_segments"] is False
+    return probe
+
+
 def autoalloc_warnings(stderr: str) -> list[str]:
     """The AutoallocWarning lines of a process's stderr."""
     return [line for line in stderr.splitlines() if "AutoallocWarning" in line]

@@ -8,31 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, Sandbox, autoalloc_warnings, probe_result
+from tests.conftest import PROBE, Sandbox, assert_applied, assert_untouched, autoalloc_warnings, probe_result
 
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 ES = "expandable_segments:True"
 
 
-def assert_applied(result, expected: str = ES) -> dict:
-    assert result.returncode == 0, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == expected
-    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
-    if probe["cuda_build"]:  # torch 2.14.1 CUDA: what the CUDA allocator itself parsed
-        assert probe["snapshot_expandable_segments"] is ("expandable_segments:True" in expected)
-    return probe
-
-
-def assert_untouched(result) -> dict:
-    assert result.returncode == 0, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == ""
-    assert probe["env"] == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_HIP_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
-    assert probe["applied"] is None
-    if probe["cuda_build"]:
-        assert probe["snapshot_expandable_segments"] is False
-    return probe
 
 
 def test_builtin_rule_by_script_path(sandbox: Sandbox, torch_python: str) -> None:
@@ -89,14 +70,14 @@ def test_each_layer_wins_over_the_one_below(sandbox: Sandbox) -> None:
     sandbox.script("train_asr.py")
     rule = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
     sandbox.site_policy(rule + "[allocator]\ngarbage_collection_threshold = 0.1\n")
-    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.1")
+    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.1")
     sandbox.user_policy("[allocator]\ngarbage_collection_threshold = 0.2\n")
-    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.2")
+    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.2")
     sandbox.write("autoalloc.toml", "[allocator]\ngarbage_collection_threshold = 0.3\n")
-    assert_applied(sandbox.run(["train_asr.py"]), f"{ES},garbage_collection_threshold:0.3")
+    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.3")
     env_file = sandbox.write(sandbox.root / "env.toml", "[allocator]\ngarbage_collection_threshold = 0.4\n", base=Path("/"))
     assert_applied(
-        sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}), f"{ES},garbage_collection_threshold:0.4"
+        sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}), expected=f"{ES},garbage_collection_threshold:0.4"
     )
     # rules too: a higher layer's skip beats the lower layer's apply
     env_file.write_text('[[rules]]\nname = "no"\nscripts = ["train_asr.py"]\naction = "skip"\n')
@@ -106,10 +87,10 @@ def test_each_layer_wins_over_the_one_below(sandbox: Sandbox) -> None:
 def test_existing_options_are_merged(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.script(NEMO)
     result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.7"}, python=torch_python)
-    assert_applied(result, f"garbage_collection_threshold:0.7,{ES}")
+    assert_applied(result, expected=f"garbage_collection_threshold:0.7,{ES}")
     assert result.stderr == ""
     result = sandbox.run([NEMO], env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}, python=torch_python)
-    probe = assert_applied(result, f"max_split_size_mb:512,{ES}")
+    probe = assert_applied(result, expected=f"max_split_size_mb:512,{ES}")
     if probe["cuda_build"]:
         assert probe["snapshot_max_split_size"] == 512 * 1024 * 1024
     (warning,) = autoalloc_warnings(result.stderr)  # the max_split_size_mb caveat, once
@@ -120,7 +101,7 @@ def test_explicit_false_is_kept_unless_override(sandbox: Sandbox, torch_python: 
     script = sandbox.script(NEMO)
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
     result = sandbox.run([NEMO], env=env, python=torch_python)
-    assert_applied(result, "expandable_segments:False")
+    assert_applied(result, expected="expandable_segments:False")
     (warning,) = autoalloc_warnings(result.stderr)
     assert f"{script}:" in warning and "keeping expandable_segments:False" in warning
     sandbox.write("NeMo/autoalloc.toml", 'on_conflict = "override"\n')

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, PY, REPO, Sandbox, autoalloc_warnings, probe_result
+from tests.conftest import PROBE, PY, REPO, Sandbox, assert_applied, assert_untouched, autoalloc_warnings, probe_result
 
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"  # matches the built-in nemo-asr-train rule
 PLAIN = "tools/plain_tool.py"  # matches no rule
@@ -28,24 +28,6 @@ ES = "expandable_segments:True"
 WATCHERS = "import sys; print(sum(bool(getattr(f, 'autoalloc_watcher', False)) for f in sys.meta_path))"
 
 
-def assert_applied(result: subprocess.CompletedProcess[str]) -> dict:
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == ES, probe
-    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == ES
-    assert probe["applied"] == f"nemo-asr-train;{ES}"
-    return probe
-
-
-def assert_untouched(result: subprocess.CompletedProcess[str]) -> dict:
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == "", probe
-    assert probe["env"] == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_HIP_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
-    assert probe["applied"] is None
-    return probe
 
 
 def scripts(sandbox: Sandbox) -> tuple[Path, Path]:
@@ -95,7 +77,7 @@ def test_home_unset_or_bogus(sandbox: Sandbox, home: str | None) -> None:
     nemo, plain = scripts(sandbox)
     env = {"HOME": home, "XDG_CONFIG_HOME": None, "XDG_CONFIG_DIRS": None}
     result = sandbox.run([str(nemo)], env=env)
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     assert result.stderr == ""
     if home is None:
         result = sandbox.run([str(plain)], env=env)
@@ -132,7 +114,7 @@ def test_unreadable_policy_files_in_every_layer(sandbox: Sandbox, kind: str) -> 
     for path in files:
         unreadable(path, kind)
     result = sandbox.run([str(nemo)], env={"AUTOALLOC_CONFIG": str(env_file)}, timeout=120)
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     warnings = autoalloc_warnings(result.stderr)
     assert len(warnings) == len(files), result.stderr
     for path, warning in zip(files, warnings):
@@ -236,17 +218,17 @@ def test_warnings_as_errors_and_ignored(sandbox: Sandbox) -> None:
     nemo, _ = scripts(sandbox)
     sandbox.user_policy("enabled = maybe\n")
     result = sandbox.run(["-W", "error", str(nemo)])
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     result = sandbox.run(["-W", "ignore:autoalloc", str(nemo)])  # by message: works from the start
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     assert result.stderr == ""
     # By category: Python drops the option at startup (it cannot import autoalloc before site
     # runs, and says so), autoalloc applies it when it warns.
     result = sandbox.run(["-W", "ignore::autoalloc.AutoallocWarning", str(nemo)])
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     assert autoalloc_warnings(result.stderr) == []
     result = sandbox.run([str(nemo)], env={"PYTHONWARNINGS": "ignore"})
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     assert result.stderr == ""
 
 
@@ -281,7 +263,7 @@ def test_missing_or_odd_argv(sandbox: Sandbox, mangle: str) -> None:
     # A matching script that rewrites its argv is still recognised from the interpreter's command line.
     if mangle.startswith("del"):
         nemo = sandbox.script(NEMO, body=f"import sys\n{mangle}\n")
-        assert_applied(sandbox.run([str(nemo)]))
+        assert_applied(sandbox.run([str(nemo)]), "nemo-asr-train")
 
 
 EMBED_C = r"""
@@ -345,7 +327,7 @@ def test_hook_run_twice_arms_one_watcher(sandbox: Sandbox) -> None:
     nemo = sandbox.script(NEMO, body="import autoalloc._startup as s\ns.main(); s.main()\n")
     bad = sandbox.user_policy("enabled = maybe\n")  # one warning: printed once, not once per main()
     result = sandbox.run([str(nemo)])
-    assert_applied(result)
+    assert_applied(result, "nemo-asr-train")
     assert len(autoalloc_warnings(result.stderr)) == 1
     bad.unlink()
     # After torch is imported, main() arms nothing new.

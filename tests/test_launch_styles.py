@@ -16,30 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, PY, Sandbox, autoalloc_warnings, probe_result
+from tests.conftest import PROBE, PY, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
 
 ES = "expandable_segments:True"
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 
 
-def assert_applied(result, rule: str, expected: str = ES) -> dict:
-    assert result.returncode == 0, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == expected, result.stderr
-    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == expected
-    assert probe["applied"] == f"{rule};{expected}"
-    if probe["cuda_build"]:
-        assert probe["snapshot_expandable_segments"] is True
-    return probe
-
-
-def assert_untouched(result) -> dict:
-    assert result.returncode == 0, result.stderr
-    probe = probe_result(result.stdout)
-    assert probe["getter"] == ""
-    assert probe["env"] == {"PYTORCH_CUDA_ALLOC_CONF": None, "PYTORCH_HIP_ALLOC_CONF": None, "PYTORCH_ALLOC_CONF": None}
-    assert probe["applied"] is None
-    return probe
 
 
 def stand_in(sandbox: Sandbox, files: dict[str, str], base: str = "site") -> str:
