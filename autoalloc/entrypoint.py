@@ -145,6 +145,13 @@ def worker_argv(entry: EntryPoint, python: str) -> list[str] | None:
     return [python, "-u", *(["-m"] if module else []), *args[i:]]
 
 
+def decided_for(entry: EntryPoint, python: str, cwd: str | None) -> tuple[EntryPoint, list[str] | None]:
+    """The entry point autoalloc decides for: a torchrun launcher's workers (and their
+    command line), else ``entry`` itself (and None)."""
+    workers = worker_argv(entry, python)
+    return (parse(workers, cwd) if workers else entry), workers
+
+
 def _strings(value: object) -> list[str] | None:
     if not isinstance(value, (list, tuple)):
         return None

@@ -36,11 +36,6 @@ def interpreter_argv(command: Sequence[str]) -> list[str]:
     return [sys.executable, found or first, *command[1:]]
 
 
-def worker_argv(entry: EntryPoint) -> list[str] | None:
-    """For a torchrun launcher, the command line its workers get (``python -u script.py ...``)."""
-    return entrypoint.worker_argv(entry, sys.executable)
-
-
 def _rule_dict(rule: Rule) -> dict[str, Any]:
     out: dict[str, Any] = {"name": rule.name, "action": rule.action, "layer": rule.source.layer, "file": rule.source.path}
     if rule.description:
@@ -98,8 +93,7 @@ def explain(command: Sequence[str] | None = None, env: Mapping[str, str] | None 
     cwd = cwd if cwd is not None else entrypoint.current_cwd()
     argv = interpreter_argv(command or [])
     entry = entrypoint.parse(argv, cwd) if argv else EntryPoint("unknown")
-    workers = worker_argv(entry)
-    shown = entrypoint.parse(workers, cwd) if workers else entry
+    shown, workers = entrypoint.decided_for(entry, sys.executable, cwd)
     torch = torchinfo.locate()
     policy = sources.load(shown, env, cwd)
     decision = decide(policy, shown, env, torch, ())

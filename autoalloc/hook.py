@@ -84,11 +84,10 @@ def _decided_for(entry: EntryPoint) -> EntryPoint:
     Deciding in the launcher lets every rank inherit the environment and its
     ``AUTOALLOC_APPLIED`` mark, so a job warns once instead of once per rank.
     """
-    workers = entrypoint.worker_argv(entry, sys.executable or "python")
-    if workers is None:
-        return entry
-    report.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
-    return entrypoint.parse(workers, entrypoint.current_cwd())
+    decided, workers = entrypoint.decided_for(entry, sys.executable or "python", entrypoint.current_cwd())
+    if workers is not None:
+        report.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
+    return decided
 
 
 def _after_exec(spec, watcher) -> None:
