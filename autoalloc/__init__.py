@@ -10,7 +10,7 @@ __all__ = ["AutoallocWarning", "__version__", "status"]
 
 def __getattr__(name: str):
     if name == "AutoallocWarning":
-        from autoalloc.report import AutoallocWarning
+        from autoalloc.messages import AutoallocWarning
 
         return AutoallocWarning
     if name == "status":

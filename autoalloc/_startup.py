@@ -9,6 +9,15 @@ It never raises, never prints (except under ``AUTOALLOC_DEBUG``), never exits.
 import os
 import sys
 
+# The environment variables autoalloc reads or writes, named once for every module.
+DISABLE_VAR = "AUTOALLOC_DISABLE"  # switch autoalloc off for this process and its children
+DEBUG_VAR = "AUTOALLOC_DEBUG"  # trace each decision to stderr
+CONFIG_VAR = "AUTOALLOC_CONFIG"  # the highest policy layer: a file named by the user
+TRUSTED_DIRS_VAR = "AUTOALLOC_TRUSTED_DIRS"  # project files below these are used whoever owns them
+APPLIED_VAR = "AUTOALLOC_APPLIED"  # "rule;value" autoalloc applied: children know it as theirs
+ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"  # JSON: the allocator variables before autoalloc wrote them
+WARNED_VAR = "AUTOALLOC_WARNED"  # digests of the warnings this job has already given
+
 _TRUE = ("1", "true", "yes", "on")
 
 

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from autoalloc import allocconf, report
+from autoalloc import allocconf, messages
 
 _SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
 _warned: set[tuple[str, str]] = set()
@@ -69,7 +69,7 @@ def _torch_dir() -> str:
 
 def _caller() -> tuple[int, str]:
     """``stacklevel`` (for a warn in our caller's caller) and ``file:line`` of the first user frame."""
-    skip = (_torch_dir(), report.PACKAGE_DIR + os.sep, "<frozen importlib")
+    skip = (_torch_dir(), messages.PACKAGE_DIR + os.sep, "<frozen importlib")
     frame = sys._getframe(2)
     level = 2
     while frame is not None:
@@ -88,7 +88,7 @@ def _warn_once(key: str, message: str) -> None:
     if (key, where) in _warned:
         return
     _warned.add((key, where))
-    report.warn(f"autoalloc: {where}: {message}", stacklevel=level)
+    messages.warn(f"autoalloc: {where}: {message}", stacklevel=level)
 
 
 def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any]:

@@ -14,7 +14,7 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 
-from autoalloc import entrypoint, report, sources, torchinfo
+from autoalloc import entrypoint, messages, sources, torchinfo
 from autoalloc._startup import truthy
 from autoalloc.decide import Decision, decide, disabled
 from autoalloc.entrypoint import EntryPoint
@@ -86,7 +86,7 @@ def _decided_for(entry: EntryPoint) -> EntryPoint:
     """
     decided, workers = entrypoint.decided_for(entry, sys.executable or "python", entrypoint.current_cwd())
     if workers is not None:
-        report.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
+        messages.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
     return decided
 
 
@@ -103,7 +103,7 @@ def _after_exec(spec, watcher) -> None:
             _torch_loaded(watcher)
         except Exception as exc:
             STATE.errors.append(repr(exc))
-            report.debug(f"internal error after import torch: {exc!r}")
+            messages.debug(f"internal error after import torch: {exc!r}")
 
     wrapped._autoalloc = True  # type: ignore[attr-defined]
     try:
@@ -147,14 +147,14 @@ def commit(decision: Decision) -> None:
         os.environ.pop(name, None)
     if decision.setter_value is not None:
         STATE.setter_error = _call_setter(decision.setter_value)
-    messages = list(decision.warnings)
+    said = list(decision.warnings)
     if STATE.setter_error:
-        messages.append(f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: {STATE.setter_error}")
-    for message in _not_yet_said(messages):
-        report.warn(message)
-    report.debug(decision.summary())
+        said.append(f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: {STATE.setter_error}")
+    for message in _not_yet_said(said):
+        messages.warn(message)
+    messages.debug(decision.summary())
     for note in decision.notes:
-        report.debug(f"note: {note}")
+        messages.debug(f"note: {note}")
 
 
 def _not_yet_said(messages: list[str]) -> list[str]:

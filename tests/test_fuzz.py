@@ -39,7 +39,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from autoalloc import allocconf, decide, entrypoint, report, sources, torchinfo  # noqa: E402
+from autoalloc import allocconf, decide, entrypoint, messages, sources, torchinfo  # noqa: E402
 from autoalloc.allocconf import ALL_VARS  # noqa: E402
 from autoalloc.torchinfo import TorchInfo  # noqa: E402
 from tests.conftest import PY, autoalloc_warnings, clean_env  # noqa: E402
@@ -432,7 +432,7 @@ def decide_case(world: World, case: Case, base_env: dict[str, str]):
         named = [p for p in by_path if p in message]
         assert len(named) == 1, message
         mentions[named[0]] += 1
-        assert "\n" not in report.printable(message)
+        assert "\n" not in messages.printable(message)
     statuses = {s.path: s for s in policy.layers if s.path in by_path}
     for path, layer_name in by_path.items():
         status = statuses.get(path)

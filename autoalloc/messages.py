@@ -12,6 +12,8 @@ import os
 import sys
 import warnings
 
+from autoalloc._startup import DEBUG_VAR, truthy
+
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -20,9 +22,7 @@ class AutoallocWarning(UserWarning):
 
 
 def debug_enabled() -> bool:
-    from autoalloc._startup import truthy
-
-    return truthy(os.environ.get("AUTOALLOC_DEBUG"))
+    return truthy(os.environ.get(DEBUG_VAR))
 
 
 def printable(text: str) -> str:
@@ -73,7 +73,7 @@ def user_stacklevel() -> int:
     return 1
 
 
-_OWN_CATEGORIES = ("autoalloc.AutoallocWarning", "autoalloc.report.AutoallocWarning")
+_OWN_CATEGORIES = ("autoalloc.AutoallocWarning", "autoalloc.messages.AutoallocWarning")
 _options_applied = False
 
 
