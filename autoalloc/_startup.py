@@ -29,8 +29,11 @@ def truthy(value: "str | None") -> bool:
 class Watcher:
     """Meta-path finder that wakes up only for the names in ``names``.
 
-    It starts with ``{"torch"}``; after torch is loaded it holds the policy's pending
-    import triggers, and it removes itself once there is nothing left to watch.
+    It starts with ``{"torch"}``; after torch's decision it holds the policy's pending import
+    triggers, and it removes itself once there is nothing left to watch. It decides nothing
+    itself: it hands back the module's real spec with the loader wrapped (``Loader``), so a
+    probe (``importlib.util.find_spec``, a failed ``try: import x``) costs a spec lookup and
+    autoalloc acts only when the module really executes.
     """
 
     autoalloc_watcher = True
@@ -44,19 +47,81 @@ class Watcher:
             return None
         self.busy = True
         try:
-            # The decision machinery is imported only now, next to a ~1 s torch import.
-            from autoalloc import hook
-
-            return hook.on_find(self, fullname, path, target)
+            spec = self._real_spec(fullname, path, target)
+            loader = getattr(spec, "loader", None)
+            if hasattr(loader, "exec_module") and not isinstance(loader, Loader):
+                spec.loader = Loader(loader)
+            return spec
         except Exception as exc:  # never break the host program's import
-            if truthy(os.environ.get("AUTOALLOC_DEBUG")):
-                sys.stderr.write(f"autoalloc: internal error at import of {fullname}: {exc!r}\n")
+            _trace(f"internal error at import of {fullname}: {exc!r}")
             return None
         finally:
             self.busy = False
 
+    def _real_spec(self, fullname, path, target):
+        """The spec the finders after this one give (None: the module does not exist)."""
+        meta_path = sys.meta_path
+        start = next((i + 1 for i, f in enumerate(meta_path) if f is self), 0)
+        for finder in meta_path[start:]:
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is not None:
+                spec = find_spec(fullname, path, target)
+                if spec is not None:
+                    return spec
+        return None
+
     def invalidate_caches(self) -> None:
         pass
+
+
+class Loader:
+    """A watched module's real loader, wrapped: autoalloc acts when the module executes.
+
+    Right before ``torch`` executes it decides and writes the environment (libc10 has not
+    loaded yet); after a module has executed it installs the guards (torch) or applies a
+    policy import trigger. Everything else goes to the real loader, which is put back on
+    the module and its spec once it has executed. Module-level, so a spec holding it pickles.
+    """
+
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def __getattr__(self, name):
+        if name.startswith("__") or "loader" not in self.__dict__:  # pickle's probes
+            raise AttributeError(name)
+        return getattr(self.__dict__["loader"], name)
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        imported = set(sys.modules)  # the program's modules, before autoalloc imports its own
+        run("before_exec", module, imported)
+        self.loader.exec_module(module)
+        spec = getattr(module, "__spec__", None)
+        if getattr(spec, "loader", None) is self:
+            spec.loader = self.loader
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.loader
+        run("after_exec", module, imported)
+
+
+def run(step: str, *args) -> None:
+    """Call ``autoalloc.hook.<step>``; the decision machinery is imported only now."""
+    try:
+        from autoalloc import hook
+
+        getattr(hook, step)(*args)
+    except Exception as exc:  # never break the host program's import
+        _trace(f"internal error in {step}: {exc!r}")
+
+
+def _trace(message: str) -> None:
+    if truthy(os.environ.get(DEBUG_VAR)):
+        try:
+            sys.stderr.write(f"autoalloc: {message}\n")
+        except Exception:
+            pass
 
 
 def main() -> None:

@@ -327,7 +327,10 @@ def last_value(pairs: Sequence[tuple[str, str]], key: str) -> str | None:
 
 
 def read_order(torch: TorchInfo | None) -> tuple[str, ...]:
-    """The variables the installed torch's allocator reads, first one set wins (see reference §1)."""
+    """The variables the installed torch's allocator reads, first one set wins.
+
+    From c10's ``AllocatorConfig.cpp`` (2.9+; pytorch/pytorch#183387 for 2.9's CUDA gap).
+    """
     if torch is None:
         return ALL_VARS
     release, rocm = torch.release, torch.flavour == "rocm"

@@ -7,8 +7,10 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from autoalloc import __version__, sources
+from autoalloc._startup import CONFIG_VAR
 
 STARTER = """\
 # autoalloc policy (WHERE). Reference: `autoalloc explain`, README "Policy".
@@ -45,7 +47,7 @@ action = "apply"                   # apply | skip
 def _cmd_explain(args: argparse.Namespace) -> int:
     from autoalloc.explain import explain, render
 
-    report = explain(args.command or None)
+    report = explain(args.command or None, imported=args.imports)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
     return 0
 
@@ -94,19 +96,34 @@ def _check_file(path: str) -> str | None:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from autoalloc import entrypoint
-
     paths = list(args.paths)
-    if not paths:
-        policy = sources.load(entrypoint.EntryPoint("unknown"), os.environ, entrypoint.current_cwd())
-        paths = [s.path for s in policy.layers if s.path and s.status in ("found", "error", "untrusted")]
     failed = 0
+    if not paths:
+        paths, failed = _layer_paths()
     for path in paths:
         error = _check_file(path)
         if error:
             failed += 1
             print(f"error  {path}: {error}")
     return 1 if failed else 0
+
+
+def _layer_paths() -> tuple[list[str], int]:
+    """The files of the layers the hook reads here (AUTOALLOC_CONFIG's included), and how
+    many layers are errors that no file shows: a named AUTOALLOC_CONFIG that does not exist."""
+    from autoalloc import entrypoint
+
+    layers = sources.read_layers(
+        entrypoint.EntryPoint("unknown"), os.environ, entrypoint.current_cwd()
+    )
+    paths, failed = [], 0
+    for layer in layers:
+        if layer.path and layer.layer == "env" and not os.path.lexists(layer.path):
+            failed += 1
+            print(f"error  {layer.path}: {layer.message} ({CONFIG_VAR})")
+        elif layer.path and layer.status in ("found", "error", "untrusted"):
+            paths.append(layer.path)
+    return paths, failed
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -118,37 +135,63 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="autoalloc",
-        description="Sets PyTorch's CUDA allocator options (expandable_segments) for matching programs, "
-        "before torch initializes CUDA.",
+        description="Sets PyTorch's CUDA allocator options (expandable_segments) for matching "
+        "programs, before torch initializes CUDA.",
     )
     p.add_argument("--version", action="version", version=f"autoalloc {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    _add_explain(sub)
+    _add_doctor(sub)
+    _add_init(sub)
+    _add_check(sub)
+    _add_bench(sub)
+    return p
 
+
+def _add_explain(sub: Any) -> None:
     e = sub.add_parser(
         "explain",
         help="show what autoalloc would do for a command, without running it",
-        description="Show the entry point as autoalloc sees it, every policy layer, the rules in match order, "
+        description="Show the entry point as autoalloc sees it, every policy layer, the rules in "
+        "match order, "
         "the deciding rule and the resulting environment, without running CMD. "
         "Example: autoalloc explain -- python examples/asr/asr_ctc/speech_to_text_ctc.py",
     )
     e.add_argument("--json", action="store_true", help="machine-readable output")
-    e.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to explain")
+    e.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="decide as if the program imported MODULE (repeatable): what a notebook or a "
+        "script that imports a toolkit would get",
+    )
+    e.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to explain"
+    )
     e.set_defaults(func=_cmd_explain)
 
+
+def _add_doctor(sub: Any) -> None:
     d = sub.add_parser(
         "doctor",
         help="import torch and report what it actually uses",
-        description="Import torch in this process and report what torch itself says is in effect, what "
-        "autoalloc decided and why, whether the hook is installed and live, and anything that defeats it. "
-        "Exit status 0 when the policy's intent is in effect (or nothing was intended), 1 otherwise.",
+        description="Import torch in this process and report what torch itself says is in "
+        "effect, what autoalloc decided and why, whether the hook is installed and live, and "
+        "anything that defeats it. Exit status 0 when the policy's intent is in effect (or "
+        "nothing was intended), 1 otherwise.",
     )
     d.add_argument("--json", action="store_true", help="machine-readable output")
     d.set_defaults(func=_cmd_doctor)
 
+
+def _add_init(sub: Any) -> None:
     i = sub.add_parser(
         "init",
         help="write a commented starter policy (refuses to overwrite)",
-        description="Write a commented starter policy: ./autoalloc.toml (--project, the default) or the user "
+        description="Write a commented starter policy: ./autoalloc.toml (--project, the default) "
+        "or the user "
         "config file (--user). An existing file is never overwritten.",
     )
     where = i.add_mutually_exclusive_group()
@@ -156,16 +199,23 @@ def parser() -> argparse.ArgumentParser:
     where.add_argument("--user", action="store_true", help="the user config file (platformdirs)")
     i.set_defaults(func=_cmd_init)
 
+
+def _add_check(sub: Any) -> None:
     c = sub.add_parser(
         "check",
         help="validate policy files; exit 1 on errors",
-        description="Validate policy files (autoalloc.toml, pyproject.toml [tool.autoalloc], user/site "
-        "config.toml). Without PATH, checks every layer that applies to the working directory. "
+        description="Validate policy files (autoalloc.toml, pyproject.toml [tool.autoalloc], "
+        "user/site "
+        "config.toml). Without PATH, checks every layer the hook reads for the working "
+        "directory, the file named by AUTOALLOC_CONFIG included (a name that does not exist is "
+        "an error). "
         "Exit status 1 when any file has an error: usable in pre-commit and CI.",
     )
     c.add_argument("paths", nargs="*", metavar="PATH")
     c.set_defaults(func=_cmd_check)
 
+
+def _add_bench(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
         help="GPU A/B benchmark of dynamic-shape ASR-like training (CPU smoke run without a GPU)",
@@ -173,12 +223,13 @@ def parser() -> argparse.ArgumentParser:
     )
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
     b.set_defaults(func=_cmd_bench)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # argparse.REMAINDER would reject bench's own leading options (--quick, --help)
+    if argv[:1] == [
+        "bench"
+    ]:  # argparse.REMAINDER would reject bench's own leading options (--quick, --help)
         from autoalloc import bench
 
         return bench.main(argv[1:])

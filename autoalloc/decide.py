@@ -27,22 +27,26 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
 
 from autoalloc import allocconf
+from autoalloc._startup import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.allocconf import ALL_VARS, ALLOC_VAR, CUDA_VAR, HIP_VAR
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match
 from autoalloc.policy import Policy, Rule, Valued
 from autoalloc.torchinfo import TorchInfo
 
-APPLIED_VAR = "AUTOALLOC_APPLIED"
-# What the allocator variables held before autoalloc wrote them (JSON; null = unset), so a
-# child that a skip rule denies (a vLLM server started by a training job) gets them back.
-ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"
+# ORIGINAL_VAR holds what the allocator variables held before autoalloc wrote them (JSON;
+# null = unset), so a child that a skip rule denies (a vLLM server started by a training
+# job) gets them back.
+__all__ = ["APPLIED_VAR", "ORIGINAL_VAR", "Action", "Decision", "decide", "disabled", "resolve"]
 ISSUE_119452 = "https://github.com/pytorch/pytorch/issues/119452"
 ISSUE_123548 = "https://github.com/pytorch/pytorch/issues/123548"
 SEGMENTS = "expandable_segments"
+
+Action = Literal["apply", "skip", "none", "disabled", "inherited"]
 
 
 @dataclass(frozen=True)
@@ -54,14 +58,16 @@ class Decision:
     ``inherited`` (a parent process applied them already; nothing to do, nothing to say).
     """
 
-    action: str
+    action: Action
     entry: EntryPoint
     torch: TorchInfo | None = None
     rule: str | None = None
     rule_source: str | None = None
     reason: str = ""
     trigger: str | None = None
-    requested: Mapping[str, str] = field(default_factory=dict)  # options the policy asks for, after gating
+    requested: Mapping[str, str] = field(
+        default_factory=dict
+    )  # options the policy asks for, after gating
     env_before: Mapping[str, str] = field(default_factory=dict)  # allocator variables already set
     read_var: str | None = None  # the variable torch reads, after the writes
     value: str | None = None  # the allocator string torch will read
@@ -88,8 +94,31 @@ class Decision:
             parts.append(f"-> {self.read_var}={self.value!r}{via}")
         return " ".join(parts)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as plain data: the one form ``explain --json`` and ``doctor --json``
+        show."""
+        return {
+            "entry_point": self.entry.describe(),
+            "action": self.action,
+            "rule": self.rule,
+            "rule_source": self.rule_source,
+            "reason": self.reason,
+            "trigger": self.trigger,
+            "requested": dict(self.requested),
+            "env_before": dict(self.env_before),
+            "writes": dict(self.writes),
+            "unsets": list(self.unsets),
+            "via": self.via or None,
+            "setter_value": self.setter_value,
+            "read_var": self.read_var,
+            "value": self.value,
+            "warnings": list(self.warnings),
+            "notes": list(self.notes),
+        }
+
     def applied(self) -> dict[str, str]:
-        """The options autoalloc put in effect here: the keys it asked for, as merged, or a parent's string."""
+        """The options autoalloc put in effect here: the keys it asked for, as merged, or a
+        parent's string."""
         if self.action not in ("apply", "inherited") or not self.value:
             return {}
         try:
@@ -109,21 +138,31 @@ def parse_applied(text: str | None) -> tuple[str, str] | None:
     return rule, value
 
 
-def disabled(entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None, reason: str) -> Decision:
-    """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent process wrote."""
+def disabled(
+    entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None, reason: str
+) -> Decision:
+    """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent
+    process wrote."""
     read_var = allocconf.effective_var(env, torch)
     current = env.get(read_var, "") if read_var else ""
-    base = {"entry": entry, "torch": torch, "read_var": read_var, "value": current,
-            "env_before": {name: env[name] for name in ALL_VARS if name in env}}
+    base = {
+        "entry": entry,
+        "torch": torch,
+        "read_var": read_var,
+        "value": current,
+        "env_before": {name: env[name] for name in ALL_VARS if name in env},
+    }
     applied = parse_applied(env.get(APPLIED_VAR))
     undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
     if undone is not None:
-        reason += f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
+        reason += (
+            f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
+        )
     return Decision("disabled", reason=reason, **(undone or base))
 
 
 def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
-    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded, or None without a record."""
+    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded (None: no record)."""
     try:
         original = json.loads(env.get(ORIGINAL_VAR) or "null")
     except ValueError:
@@ -133,7 +172,11 @@ def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict |
     if not all(v is None or isinstance(v, str) for v in original.values()):
         return None
     writes = {k: v for k, v in original.items() if v is not None}
-    unsets = (*(k for k, v in original.items() if v is None and k in env), APPLIED_VAR, ORIGINAL_VAR)
+    unsets = (
+        *(k for k, v in original.items() if v is None and k in env),
+        APPLIED_VAR,
+        ORIGINAL_VAR,
+    )
     after = {k: v for k, v in {**env, **writes}.items() if k not in unsets}
     read_var = allocconf.effective_var(after, torch)
     value = after.get(read_var, "") if read_var else ""
@@ -145,12 +188,15 @@ def layer_warnings(policy: Policy) -> list[str]:
     out = []
     for layer in policy.layers:
         if layer.status in ("error", "untrusted"):
-            out.append(f"autoalloc: ignoring the {layer.layer} policy {layer.path}: {layer.message}")
+            out.append(
+                f"autoalloc: ignoring the {layer.layer} policy {layer.path}: {layer.message}"
+            )
     return out
 
 
 def platform_notes(torch: TorchInfo | None, platform: str) -> tuple[list[str], bool]:
-    """Notes on why the options may have no effect, and whether expandable segments must not be written."""
+    """Notes on why the options may have no effect, and whether expandable segments must not
+    be written."""
     if torch is None:
         return ["torch is not installed here: the decision assumes a recent CUDA build"], False
     if platform.startswith("win"):
@@ -159,10 +205,16 @@ def platform_notes(torch: TorchInfo | None, platform: str) -> tuple[list[str], b
         head = (torch.hip or "").split(".")[0]
         major = int(head) if head.isdigit() else 0
         if torch.release < (2, 12) or major < 7:
-            note = f"expandable segments need torch >= 2.12 with ROCm >= 7.0 ({torch.describe()}): not written"
+            note = (
+                "expandable segments need torch >= 2.12 with ROCm >= 7.0 "
+                f"({torch.describe()}): not written"
+            )
             return [note], True
     if torch.flavour == "cpu":
-        return [f"{torch.describe()}: allocator options have no effect without a GPU build (written anyway)"], False
+        return [
+            f"{torch.describe()}: allocator options have no effect without a GPU build "
+            "(written anyway)"
+        ], False
     return [], False
 
 
@@ -178,15 +230,23 @@ def _gate(
         origin = valued.source.describe() if valued.source else "autoalloc's default"
         if torch is not None and torch.release < spec.since:
             warnings.append(
-                f"autoalloc: {key} needs torch >= {spec.since[0]}.{spec.since[1]}, but {torch.describe()} is installed: "
+                f"autoalloc: {key} needs torch >= {spec.since[0]}.{spec.since[1]}, "
+                f"but {torch.describe()} is installed: "
                 f"not set (asked for by {origin})"
             )
-        elif torch is not None and (why := allocconf.version_error(key, str(valued.value), torch.release)):
-            warnings.append(f"autoalloc: {key}:{valued.value} {why} ({torch.describe()}): not set (asked for by {origin})")
+        elif torch is not None and (
+            why := allocconf.version_error(key, str(valued.value), torch.release)
+        ):
+            warnings.append(
+                f"autoalloc: {key}:{valued.value} {why} ({torch.describe()}): "
+                f"not set (asked for by {origin})"
+            )
         elif key == SEGMENTS and no_segments:
             continue
         elif key == "backend" and late:
-            notes.append("backend cannot change after torch is loaded: not set by the runtime setter")
+            notes.append(
+                "backend cannot change after torch is loaded: not set by the runtime setter"
+            )
         else:
             kept[key] = str(valued.value)
     return kept, warnings, notes
@@ -201,50 +261,77 @@ def decide(
     late: bool = False,
     platform: str = sys.platform,
 ) -> Decision:
-    """The decision for this process. ``late``: torch is already loaded (a later import trigger)."""
-    env_before = {name: env[name] for name in ALL_VARS if name in env}
+    """The decision for this process. ``late``: torch is already loaded (a later import trigger).
+
+    1. a parent process of this job applied options: inherited (or undone for a skip rule);
+    2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
+    """
     read_var = allocconf.effective_var(env, torch)
     current = env.get(read_var, "") if read_var else ""
-    base = {"entry": entry, "torch": torch, "env_before": env_before, "read_var": read_var, "value": current}
-
+    base = {
+        "entry": entry,
+        "torch": torch,
+        "env_before": {name: env[name] for name in ALL_VARS if name in env},
+        "read_var": read_var,
+        "value": current,
+    }
     applied = parse_applied(env.get(APPLIED_VAR))
-    if applied is not None and applied[1] == current:
-        denied = first_match(policy.rules, entry, imported) if policy.enabled.value else None
-        if denied is not None and denied.rule is not None and denied.rule.action == "skip":
-            undone = _undo(env, torch, base)
-            if undone is not None:
-                return Decision(
-                    "skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
-                    reason=f"{denied.reason}; restoring the allocator variables a parent process changed "
-                    f"(rule {applied[0]})", trigger=denied.trigger, **undone,
-                )
-        return Decision(
-            "inherited", rule=applied[0] or None, rule_source=f"a parent process ({APPLIED_VAR})",
-            reason=f"a parent process applied rule {applied[0]}", **base,
-        )
-
-    warnings = layer_warnings(policy)
-    if not policy.enabled.value:
+    if applied is not None and applied[1] == current:  # 1
+        return _from_parent(policy, entry, env, torch, imported, base, applied[0])
+    warnings = tuple(layer_warnings(policy))
+    if not policy.enabled.value:  # 2
         where = policy.enabled.source.describe() if policy.enabled.source else "?"
-        return Decision("disabled", reason=f"enabled = false in {where}", warnings=tuple(warnings), **base)
-
-    match = first_match(policy.rules, entry, imported)
+        return Decision("disabled", reason=f"enabled = false in {where}", warnings=warnings, **base)
+    match = first_match(policy.rules, entry, imported)  # 3
     rule = match.rule
     if rule is None:
-        return Decision("none", reason="no rule matches", warnings=tuple(warnings), **base)
+        return Decision("none", reason="no rule matches", warnings=warnings, **base)
     if rule.action == "skip":
         return Decision(
-            "skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason, trigger=match.trigger,
-            warnings=tuple(warnings), **base,
-        )
-    return resolve(policy, rule, entry, env, torch, late, platform, match.reason, match.trigger, warnings)
+            "skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason,
+            trigger=match.trigger, warnings=warnings, **base,
+        )  # fmt: skip
+    resolved = resolve(policy, rule, entry, env, torch, late, platform)
+    return replace(
+        resolved, reason=match.reason, trigger=match.trigger,
+        warnings=(*warnings, *resolved.warnings),
+    )  # fmt: skip
+
+
+def _from_parent(
+    policy: Policy,
+    entry: EntryPoint,
+    env: Mapping[str, str],
+    torch: TorchInfo | None,
+    imported: Container[str],
+    base: dict,
+    parent_rule: str,
+) -> Decision:
+    """A child of a job autoalloc applied options for: silent, unless a skip rule denies it
+    (a vLLM server started by a training job), which gets the user's variables back."""
+    denied = first_match(policy.rules, entry, imported) if policy.enabled.value else None
+    if denied is not None and denied.rule is not None and denied.rule.action == "skip":
+        undone = _undo(env, torch, base)
+        if undone is not None:
+            restoring = "restoring the allocator variables a parent process changed"
+            return Decision(
+                "skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
+                reason=f"{denied.reason}; {restoring} (rule {parent_rule})",
+                trigger=denied.trigger, **undone,
+            )  # fmt: skip
+    return Decision(
+        "inherited", rule=parent_rule or None, rule_source=f"a parent process ({APPLIED_VAR})",
+        reason=f"a parent process applied rule {parent_rule}", **base,
+    )  # fmt: skip
 
 
 def _torch_name(torch: TorchInfo | None) -> str:
     return torch.describe() if torch else "torch"
 
 
-def _several_vars(env_before: Mapping[str, str], read_var: str | None, torch: TorchInfo | None) -> str | None:
+def _several_vars(
+    env_before: Mapping[str, str], read_var: str | None, torch: TorchInfo | None
+) -> str | None:
     """The warning for several allocator variables set to different values, or None."""
     set_vars = [name for name in (CUDA_VAR, HIP_VAR, ALLOC_VAR) if name in env_before]
     if len({env_before[name] for name in set_vars}) < 2:
@@ -257,9 +344,36 @@ def _several_vars(env_before: Mapping[str, str], read_var: str | None, torch: To
         empty = " (set but empty, which still wins)" if env_before[read_var] == "" else ""
         others = ", ".join(name for name in set_vars if name != read_var)
         used = f"uses only {read_var}{empty} and ignores {others}"
-        if torch is not None and torch.flavour == "cuda" and read_var == HIP_VAR and ALLOC_VAR in env_before:
+        if (
+            torch is not None
+            and torch.flavour == "cuda"
+            and read_var == HIP_VAR
+            and ALLOC_VAR in env_before
+        ):
             used += f" (CUDA-only options such as backend still come from {ALLOC_VAR})"
-    return f"autoalloc: several allocator variables are set to different values ({shown}); {_torch_name(torch)} {used}"
+    return (
+        f"autoalloc: several allocator variables are set to different values ({shown}); "
+        f"{_torch_name(torch)} {used}"
+    )
+
+
+@dataclass
+class _Resolving:
+    """The working state of ``resolve``'s steps: what the environment holds and what is added."""
+
+    rule: Rule
+    env: Mapping[str, str]
+    torch: TorchInfo | None
+    read_var: str | None  # the variable torch reads (and autoalloc merges into)
+    existing: str  # its text
+    pairs: list[tuple[str, str]]  # its options, parsed
+    ours: dict[str, str]  # the rule's options that are still to be added
+    override: bool
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def merged(self) -> tuple[list[tuple[str, str]], list[str]]:
+        return allocconf.merge(self.pairs, self.ours, self.override)
 
 
 def resolve(
@@ -270,122 +384,198 @@ def resolve(
     torch: TorchInfo | None,
     late: bool = False,
     platform: str = sys.platform,
-    reason: str = "",
-    trigger: str | None = None,
-    warnings: list[str] | tuple[str, ...] = (),
 ) -> Decision:
-    """The ``apply`` decision for ``rule``: its options merged into the environment, every conflict said once."""
-    warnings = list(warnings)
-    first = len(warnings)  # where this decision's own warnings start
+    """The ``apply`` decision for ``rule``: its options merged into the environment.
+
+    Steps, each saying its conflicts once: 1. gate the options by torch and platform,
+    2. read the environment's variable, 3. drop what the backend ignores, 4. drop size
+    options torch would reject together with the environment's, 5. merge and say each
+    conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
+    environment writes (or the runtime-setter string).
+    """
+    ours, warnings, notes = _gate(policy.options_for(rule), torch, platform, late)  # 1
     env_before = {name: env[name] for name in ALL_VARS if name in env}
     read_var = allocconf.effective_var(env, torch)
-    current = env.get(read_var, "") if read_var else ""
-    ours, gate_warnings, notes = _gate(policy.options_for(rule), torch, platform, late)
-    warnings += gate_warnings
+    existing = env_before.get(read_var, "") if read_var else ""
     override = policy.on_conflict.value == "override"
-    conflict_from = policy.on_conflict.source.describe() if policy.on_conflict.source else "autoalloc's default"
-
-    # Merge into the variable torch reads. One it ignores (PYTORCH_ALLOC_CONF on a 2.9 CUDA
-    # build) stays ignored: copying it over could wake up options this torch rejects.
-    source_var = read_var
+    state = _Resolving(rule, env, torch, read_var, existing, [], ours, override, warnings, notes)
     several = _several_vars(env_before, read_var, torch)
     if several is None and read_var is None and env_before:
-        shown = ", ".join(f"{name}={text!r}" for name, text in env_before.items())
-        warnings.append(
-            f"autoalloc: {_torch_name(torch)} ignores {shown} (it reads only "
-            f"{' or '.join(allocconf.read_order(torch))}); left as it is, and autoalloc writes {CUDA_VAR}"
-        )
-    existing_text = env_before.get(source_var, "") if source_var else ""
-
-    def finish(value: str, writes: dict[str, str], setter: str | None = None) -> Decision:
-        if several is not None:
-            written = [name for name in writes if name != source_var]
-            if source_var is None:
-                action = f"autoalloc writes {', '.join(written)}"
-            else:
-                also = f" and writes the result to {', '.join(written)} too" if written else ""
-                action = f"autoalloc merges into {source_var}{also}"
-            warnings.insert(first, f"{several}. {action}.")
-        if writes and ORIGINAL_VAR not in env:
-            writes[ORIGINAL_VAR] = json.dumps({name: env_before.get(name) for name in writes}, sort_keys=True)
-        writes[APPLIED_VAR] = f"{rule.name};{value}"
-        return Decision(
-            "apply", entry, torch, rule.name, rule.source.describe(), reason, trigger,
-            requested=ours, env_before=env_before, read_var=allocconf.effective_var({**env, **writes}, torch),
-            value=value, writes=writes, setter_value=setter if late and value != current else None,
-            warnings=tuple(warnings), notes=tuple(notes),
-        )
-
-    try:
-        pairs = allocconf.parse(existing_text)
+        warnings.append(_ignored_vars(env_before, torch))
+    try:  # 2
+        state.pairs = allocconf.parse(existing)
     except allocconf.ConfError as exc:
-        fatal = ""
-        if allocconf.aborts_import(existing_text):
-            fatal = "; torch 2.10+ CUDA builds abort `import torch` (SIGABRT) on it"
-        warnings.append(
-            f"autoalloc: cannot parse {source_var}={existing_text!r} ({exc}); it is left exactly as it is and "
-            f"rule {rule.name} is not applied{fatal}"
-        )
-        return finish(existing_text, {})
+        warnings.append(_unparseable(read_var, existing, rule.name, exc))
+        return _finish(state, entry, several, existing, {}, None)
+    _drop_ignored_by_backend(state)  # 3
+    _drop_size_clashes(state)  # 4
+    merged = _say_conflicts(state, policy)  # 5
+    _warn_split_with_segments(state, merged)  # 6
+    value = allocconf.serialize(merged)  # 7
+    setter = allocconf.serialize([(k, v) for k, v in merged if k != "backend"])  # fixed at load
+    if not state.ours or value == existing:
+        return _finish(state, entry, several, existing, {}, setter if late else None)
+    writes = _writes(read_var, env_before, existing, value)
+    return _finish(state, entry, several, value, writes, setter if late else None)
 
-    merged, conflicts = allocconf.merge(pairs, ours, override)
-    backend = allocconf.last_value(merged, "backend")
-    if backend in allocconf.ASYNC_BACKENDS and SEGMENTS in ours:
-        ours = {k: v for k, v in ours.items() if k != SEGMENTS}
-        origin = source_var if allocconf.last_value(pairs, "backend") == backend else f"rule {rule.name}"
-        warnings.append(
-            f"autoalloc: {origin} selects backend:{backend}, where expandable_segments has no effect; "
-            "autoalloc does not add it"
-        )
-        merged, conflicts = allocconf.merge(pairs, ours, override)
+
+def _ignored_vars(env_before: Mapping[str, str], torch: TorchInfo | None) -> str:
+    """The warning for allocator variables this torch does not read at all.
+
+    One it ignores (PYTORCH_ALLOC_CONF on a 2.9 CUDA build) stays ignored: copying it over
+    could wake up options this torch rejects.
+    """
+    shown = ", ".join(f"{name}={text!r}" for name, text in env_before.items())
+    reads = " or ".join(allocconf.read_order(torch))
+    return (
+        f"autoalloc: {_torch_name(torch)} ignores {shown} (it reads only {reads}); "
+        f"left as it is, and autoalloc writes {CUDA_VAR}"
+    )
+
+
+def _unparseable(var: str | None, text: str, rule: str, exc: Exception) -> str:
+    fatal = ""
+    if allocconf.aborts_import(text):
+        fatal = "; torch 2.10+ CUDA builds abort `import torch` (SIGABRT) on it"
+    return (
+        f"autoalloc: cannot parse {var}={text!r} ({exc}); it is left exactly as it is and "
+        f"rule {rule} is not applied{fatal}"
+    )
+
+
+def _drop_ignored_by_backend(state: _Resolving) -> None:
+    """Step 3: no expandable segments where the backend (cudaMallocAsync) ignores them."""
+    backend = allocconf.last_value(state.merged()[0], "backend")
+    if backend not in allocconf.ASYNC_BACKENDS or SEGMENTS not in state.ours:
+        return
+    del state.ours[SEGMENTS]
+    from_env = allocconf.last_value(state.pairs, "backend") == backend
+    origin = state.read_var if from_env else f"rule {state.rule.name}"
+    state.warnings.append(
+        f"autoalloc: {origin} selects backend:{backend}, where expandable_segments has no effect; "
+        "autoalloc does not add it"
+    )
+
+
+_SIZES = ("large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb")
+
+
+def _drop_size_clashes(state: _Resolving) -> None:
+    """Step 4: the rule's size options that torch would reject next to the environment's."""
     try:
-        allocconf.check_options(merged)
+        allocconf.check_options(state.merged()[0])
+        return
     except allocconf.ConfError as exc:
-        sizes = ("large_segment_size_mb", "max_split_size_mb", "max_non_split_rounding_mb")
-        dropped = [f"{k}:{ours[k]}" for k in sizes if k in ours]
-        try:
-            allocconf.check_options(pairs)
-        except allocconf.ConfError:
-            dropped = []  # the environment's own problem: left to torch
-        if dropped:
-            ours = {k: v for k, v in ours.items() if k not in sizes}
-            warnings.append(
-                f"autoalloc: rule {rule.name}'s {', '.join(dropped)} together with {source_var}={existing_text!r} "
-                f"would be rejected by torch ({exc}); autoalloc does not add {'them' if len(dropped) > 1 else 'it'}"
-            )
-            merged, conflicts = allocconf.merge(pairs, ours, override)
+        problem = exc
+    try:
+        allocconf.check_options(state.pairs)
+    except allocconf.ConfError:
+        return  # the environment's own problem: left to torch
+    dropped = [f"{k}:{state.ours.pop(k)}" for k in _SIZES if k in state.ours]
+    if dropped:
+        them = "them" if len(dropped) > 1 else "it"
+        state.warnings.append(
+            f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
+            f"{state.read_var}={state.existing!r} would be rejected by torch ({problem}); "
+            f"autoalloc does not add {them}"
+        )
+
+
+def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:
+    """Step 5: the merged options; a key the environment sets otherwise is said once."""
+    merged, conflicts = state.merged()
+    source = policy.on_conflict.source
+    conflict_from = source.describe() if source else "autoalloc's default"
+    name, var = state.rule.name, state.read_var
     for key in conflicts:
-        env_value = allocconf.last_value(pairs, key)
-        if override:  # asked for explicitly: shown by explain, doctor and AUTOALLOC_DEBUG, not warned about
-            notes.append(
-                f"{source_var} sets {key}:{env_value}; replaced by {key}:{ours[key]} for rule {rule.name} "
+        env_value = allocconf.last_value(state.pairs, key)
+        ours = state.ours[key]
+        if state.override:  # asked for explicitly: shown by explain, doctor and AUTOALLOC_DEBUG
+            state.notes.append(
+                f"{var} sets {key}:{env_value}; replaced by {key}:{ours} for rule {name} "
                 f'(on_conflict = "override" in {conflict_from})'
             )
         else:
-            warnings.append(
-                f"autoalloc: {source_var} sets {key}:{env_value}, rule {rule.name} wants {key}:{ours[key]}; "
+            state.warnings.append(
+                f"autoalloc: {var} sets {key}:{env_value}, rule {name} wants {key}:{ours}; "
                 f'keeping {key}:{env_value} (set on_conflict = "override" to replace it)'
             )
+    return merged
+
+
+def _warn_split_with_segments(state: _Resolving, merged: list[tuple[str, str]]) -> None:
+    """Step 6: max_split_size_mb next to expandable segments, unless the environment had both."""
     split = allocconf.last_value(merged, "max_split_size_mb")
-    env_had_both = allocconf.last_value(pairs, SEGMENTS) == "True" and allocconf.last_value(pairs, "max_split_size_mb")
-    if allocconf.last_value(merged, SEGMENTS) == "True" and split and not env_had_both:
-        if torch is not None and torch.release < (2, 3):
-            effect = (
-                f"can fail with an INTERNAL ASSERT (!block->expandable_segment_) on {torch.describe()} "
-                f"({ISSUE_119452}, fixed in torch 2.3)"
-            )
-        else:
-            effect = f"can make reserved memory grow far beyond what is allocated ({ISSUE_123548})"
-        warnings.append(
-            f"autoalloc: max_split_size_mb:{split} together with expandable_segments:True {effect}; "
-            "consider dropping max_split_size_mb"
+    pairs = state.pairs
+    env_had_both = allocconf.last_value(pairs, SEGMENTS) == "True" and allocconf.last_value(
+        pairs, "max_split_size_mb"
+    )
+    if allocconf.last_value(merged, SEGMENTS) != "True" or not split or env_had_both:
+        return
+    torch = state.torch
+    if torch is not None and torch.release < (2, 3):
+        effect = (
+            f"can fail with an INTERNAL ASSERT (!block->expandable_segment_) on "
+            f"{torch.describe()} ({ISSUE_119452}, fixed in torch 2.3)"
         )
-    value = allocconf.serialize(merged)
-    setter = allocconf.serialize([(k, v) for k, v in merged if k != "backend"])  # fixed at load; never re-sent
-    if not ours or (value == existing_text and source_var == read_var):
-        return finish(existing_text if source_var else current, {}, setter)
+    else:
+        effect = f"can make reserved memory grow far beyond what is allocated ({ISSUE_123548})"
+    state.warnings.append(
+        f"autoalloc: max_split_size_mb:{split} together with expandable_segments:True {effect}; "
+        "consider dropping max_split_size_mb"
+    )
+
+
+def _writes(
+    read_var: str | None, env_before: Mapping[str, str], existing: str, value: str
+) -> dict[str, str]:
+    """Step 7: the variable torch reads, and the others that held the same text (or nothing)."""
     writes = {}
-    for name in (source_var, CUDA_VAR, ALLOC_VAR):
-        if name and (name == source_var or name not in env_before or env_before[name] == existing_text):
+    for name in (read_var, CUDA_VAR, ALLOC_VAR):
+        if name and (name == read_var or env_before.get(name, existing) == existing):
             writes[name] = value
-    return finish(value, writes, setter)
+    return writes
+
+
+def _finish(
+    state: _Resolving,
+    entry: EntryPoint,
+    several: str | None,
+    value: str,
+    writes: dict[str, str],
+    setter: str | None,
+) -> Decision:
+    """The ``apply`` Decision: the several-variables warning first, the marks written last."""
+    env, read_var = state.env, state.read_var
+    env_before = {name: env[name] for name in ALL_VARS if name in env}
+    warnings = state.warnings
+    if several is not None:
+        written = [name for name in writes if name != read_var]
+        if read_var is None:
+            action = f"autoalloc writes {', '.join(written)}"
+        else:
+            also = f" and writes the result to {', '.join(written)} too" if written else ""
+            action = f"autoalloc merges into {read_var}{also}"
+        warnings = [f"{several}. {action}.", *warnings]
+    if writes and ORIGINAL_VAR not in env:
+        writes[ORIGINAL_VAR] = json.dumps(
+            {name: env_before.get(name) for name in writes}, sort_keys=True
+        )
+    writes[APPLIED_VAR] = f"{state.rule.name};{value}"
+    current = env.get(read_var, "") if read_var else ""
+    rule, torch = state.rule, state.torch
+    return Decision(
+        "apply",
+        entry,
+        torch,
+        rule.name,
+        rule.source.describe(),
+        requested=dict(state.ours),
+        env_before=env_before,
+        read_var=allocconf.effective_var({**env, **writes}, torch),
+        value=value,
+        writes=writes,
+        setter_value=setter if value != current else None,
+        warnings=tuple(warnings),
+        notes=tuple(state.notes),
+    )

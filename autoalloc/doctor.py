@@ -44,6 +44,7 @@ from autoalloc import __version__, allocconf
 from autoalloc._startup import truthy
 from autoalloc.allocconf import ALL_VARS
 from autoalloc.decide import APPLIED_VAR, Decision, parse_applied, platform_notes
+from autoalloc.plan import first_apply_rule, plan
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
 # allocator option -> (key in _snapshot()["allocator_settings"], kind)
@@ -60,7 +61,10 @@ _SNAPSHOT_KEYS = {
 
 @dataclass
 class Status:
-    """What autoalloc decided here and what torch reports; ``as_dict()`` for JSON, ``str()`` for people."""
+    """What autoalloc decided here and what torch reports.
+
+    ``as_dict()`` for JSON, ``str()`` for people.
+    """
 
     ok: bool
     summary: str
@@ -74,7 +78,9 @@ class Status:
     torch_reports: dict[str, Any]
     in_effect: dict[str, dict[str, Any]]
     problems: list[str] = field(default_factory=list)  # what keeps the intent from being in effect
-    warnings: list[str] = field(default_factory=list)  # what autoalloc told this process when it decided
+    warnings: list[str] = field(
+        default_factory=list
+    )  # what autoalloc told this process when it decided
     notes: list[str] = field(default_factory=list)
     autoalloc: dict[str, Any] = field(default_factory=dict)
 
@@ -86,7 +92,8 @@ class Status:
 
 
 def _site_dirs() -> list[str]:
-    """The site directories of this interpreter, its venv's too when ``-S`` kept site from finding it."""
+    """The site directories of this interpreter, its venv's too when ``-S`` kept site from
+    finding it."""
     dirs: list[str] = []
     try:
         dirs.extend(site.getsitepackages())
@@ -107,8 +114,14 @@ def _watcher_armed() -> bool:
 
 
 def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bool]:
-    """Installed (files), live (armed or decided), why not; and whether this is a deliberate opt-out."""
-    files = [os.path.join(d, name) for d in _site_dirs() for name in HOOK_FILES if os.path.isfile(os.path.join(d, name))]
+    """Installed (files), live (armed or decided), why not; and whether this is a deliberate
+    opt-out."""
+    files = [
+        os.path.join(d, name)
+        for d in _site_dirs()
+        for name in HOOK_FILES
+        if os.path.isfile(os.path.join(d, name))
+    ]
     user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else ""
     why: list[str] = []
     opted_out = False
@@ -125,17 +138,37 @@ def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bo
         if getattr(sys, "frozen", False):
             why.append("a frozen application (sys.frozen): .pth files are not processed")
         if not files:
-            why.append("autoalloc.pth is in no site directory of this interpreter (" + ", ".join(_site_dirs()) + ")")
+            why.append(
+                "autoalloc.pth is in no site directory of this interpreter ("
+                + ", ".join(_site_dirs())
+                + ")"
+            )
         elif all(os.path.dirname(f) == user_site for f in files) and sys.flags.no_user_site:
-            why.append("autoalloc.pth is only in the user site directory, which -s / PYTHONNOUSERSITE switches off")
+            why.append(
+                "autoalloc.pth is only in the user site directory, which -s / PYTHONNOUSERSITE "
+                "switches off"
+            )
         if not why:
-            why.append("the import watcher is not on sys.meta_path (torch was imported before the hook armed?)")
-    info = {"installed": bool(files), "files": files, "live": live, "armed": armed, "decided": decided, "not_live_because": why}
+            why.append(
+                "the import watcher is not on sys.meta_path "
+                "(torch was imported before the hook armed?)"
+            )
+    info = {
+        "installed": bool(files),
+        "files": files,
+        "live": live,
+        "armed": armed,
+        "decided": decided,
+        "not_live_because": why,
+    }
     return info, why, opted_out
 
 
 def _aborting_value(info: Any, env: Mapping[str, str]) -> str | None:
-    """Why ``import torch`` would abort (SIGABRT) here, or None: torch 2.10+ GPU builds scan this at load."""
+    """Why ``import torch`` would abort (SIGABRT) here, or None.
+
+    torch 2.10+ GPU builds scan the variable when they load.
+    """
     if info is None or info.flavour == "cpu" or info.release < (2, 10):
         return None
     for name in (allocconf.CUDA_VAR, allocconf.ALLOC_VAR):
@@ -155,8 +188,13 @@ def _torch_reports(torch: Any) -> dict[str, Any]:
         try:
             out["getter"] = getter()
         except Exception as exc:
-            out["errors"]["getter"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    gpu_build = getattr(torch.version, "cuda", None) is not None or getattr(torch.version, "hip", None) is not None
+            out["errors"]["getter"] = (
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            )
+    gpu_build = (
+        getattr(torch.version, "cuda", None) is not None
+        or getattr(torch.version, "hip", None) is not None
+    )
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     if gpu_build and memory is not None:
         backend = getattr(memory, "get_allocator_backend", None)
@@ -169,14 +207,18 @@ def _torch_reports(torch: Any) -> dict[str, Any]:
         if snapshot is not None and out["backend"] in (None, "native"):
             try:
                 settings = snapshot()["allocator_settings"]
-                out["snapshot"] = {k: v for k, v in settings.items() if not isinstance(v, (list, dict))}
+                out["snapshot"] = {
+                    k: v for k, v in settings.items() if not isinstance(v, (list, dict))
+                }
             except Exception as exc:
                 text = str(exc).splitlines()[0] if str(exc) else ""
                 out["errors"]["snapshot"] = f"{type(exc).__name__}: {text}"
     return out
 
 
-def _reported(key: str, reports: Mapping[str, Any], env_value: str | None) -> tuple[str | None, str]:
+def _reported(
+    key: str, reports: Mapping[str, Any], env_value: str | None
+) -> tuple[str | None, str]:
     """torch's value for ``key`` as allocator text, and where it came from."""
     snapshot = reports.get("snapshot")
     if snapshot and key in _SNAPSHOT_KEYS and _SNAPSHOT_KEYS[key][0] in snapshot:
@@ -187,7 +229,11 @@ def _reported(key: str, reports: Mapping[str, Any], env_value: str | None) -> tu
         if kind == "mib":
             return (None if raw is None or raw < 0 else str(raw // (1 << 20))), "snapshot"
         return str(raw), "snapshot"
-    text, source = (reports["getter"], "getter") if reports.get("getter") is not None else (env_value, "environment")
+    text, source = (
+        (reports["getter"], "getter")
+        if reports.get("getter") is not None
+        else (env_value, "environment")
+    )
     if text is None:
         return None, source
     try:
@@ -207,188 +253,272 @@ def _same(key: str, intended: str, reported: str | None) -> bool:
     return "".join(intended.split()) == "".join(reported.split())
 
 
-def _decision_dict(decision: Decision) -> dict[str, Any]:
+def _matching_job(state: Any, env: Mapping[str, str], info: Any, said: list[str]) -> dict | None:
+    """What a fresh job here that the first ``apply`` rule matches would get, from the pipeline.
+
+    ``said``: notes doctor gives already (the platform's), not repeated.
+    """
+    from autoalloc import entrypoint
+
+    entry = state.plan.entry if state.plan is not None else entrypoint.EntryPoint("unknown")
+    job_env = {k: v for k, v in env.items() if k != APPLIED_VAR}  # a job of its own, not a child
+    cwd = entrypoint.current_cwd()
+    policy = state.policy if state.policy is not None else plan(entry, job_env, cwd, info).policy
+    name = first_apply_rule(policy)
+    if name is None:
+        return None
+    job = plan(entry, job_env, cwd, info, rule=name).decision
+    if job.action != "apply":
+        return None
     return {
-        "entry_point": decision.entry.describe(),
-        "action": decision.action,
-        "rule": decision.rule,
-        "layer_file": decision.rule_source,
-        "reason": decision.reason,
-        "trigger": decision.trigger,
-        "requested": dict(decision.requested),
-        "writes": dict(decision.writes),
-        "unsets": list(decision.unsets),
-        "via": decision.via or None,
-        "read_var": decision.read_var,
-        "value": decision.value,
-        "warnings": list(decision.warnings),
-        "notes": list(decision.notes),
+        "rule": name,
+        "reads": job.read_var,
+        "value": job.value,
+        "warnings": list(job.warnings),
+        "notes": [n for n in job.notes if n not in said],
     }
 
 
-def _matching_job(state: Any, env: Mapping[str, str], torch_info: Any) -> dict[str, Any] | None:
-    """What a job matching an apply rule would be told here (this process's policy and environment)."""
-    from autoalloc import entrypoint, sources
-    from autoalloc.decide import resolve
-    from autoalloc.policy import Rule, Source
+def _import_torch(problems: list[str]) -> Any:
+    """torch, imported here (the hook decides now, if it has not), or None with the problem."""
+    from autoalloc import torchinfo
 
-    entry = state.entry or entrypoint.EntryPoint("unknown")
-    policy = state.policy or sources.load(entry, env, entrypoint.current_cwd())
-    if not policy.enabled.value:
+    fatal = None if "torch" in sys.modules else _aborting_value(torchinfo.locate(), os.environ)
+    if fatal:
+        problems.append(f"{fatal}: not importing torch (it would abort this process too)")
         return None
-    probe = Rule("<a matching rule>", Source("doctor", "-"))
-    job_env = {k: v for k, v in env.items() if k != APPLIED_VAR}
-    d = resolve(policy, probe, entry, job_env, torch_info)
+    try:
+        import torch
+    except Exception as exc:
+        problems.append(f"torch cannot be imported here: {type(exc).__name__}: {exc}")
+        return None
+    return torch
+
+
+def _torch_info(state: Any, torch: Any) -> Any:
+    """The installed torch, as the hook saw it, else as found now."""
+    from autoalloc import torchinfo
+
+    if state.torch is not None:
+        return state.torch
+    if torch is None:
+        return torchinfo.locate()
+    package = os.path.dirname(torch.__file__)
+    return torchinfo.from_package_dir(package) or torchinfo.TorchInfo(
+        torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None), package
+    )
+
+
+@dataclass
+class _Intent:
+    """What autoalloc meant to be in effect here, and what a parent process of this job applied."""
+
+    options: dict[str, str] = field(default_factory=dict)
+    inherited: dict[str, Any] | None = None
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _intent(
+    decision: Decision | None, env: Mapping[str, str], read_var: str | None, opted_out: bool
+) -> _Intent:
+    """The options autoalloc applied here or inherited, and what is wrong with them."""
+    out = _Intent()
+    applied = parse_applied(env.get(APPLIED_VAR))
+    current = env.get(read_var, "") if read_var else ""
+    own = (
+        decision is not None
+        and applied is not None
+        and decision.writes.get(APPLIED_VAR) == env.get(APPLIED_VAR)
+    )
+    if applied is not None and not own:
+        intact = applied[1] == current
+        out.inherited = {
+            "rule": applied[0],
+            "value": applied[1],
+            "torch_reads": read_var,
+            "current": current,
+            "intact": intact,
+        }
+    changed = out.inherited is not None and not out.inherited["intact"]
+    if decision is not None:
+        if decision.action in ("apply", "inherited"):
+            out.options = decision.applied()
+            if decision.action == "apply" and not out.options and decision.requested:
+                out.options = dict(
+                    decision.requested
+                )  # not applied (an unparseable value): not in effect
+        if own:
+            out.notes.append(
+                f"child processes inherit what this process applied ({APPLIED_VAR}) and stay silent"
+            )
+        if decision.action != "inherited" and changed:
+            out.problems.append(
+                f"a parent process applied rule {applied[0]} ({applied[1]!r}), "
+                f"but {read_var or 'the variable'} "
+                f"is now {current!r}: changed after autoalloc set it"
+            )
+            if decision.action in ("none", "skip"):
+                out.options = {}
+    elif out.inherited is not None and not opted_out:
+        try:
+            out.options = dict(allocconf.parse(applied[1]))
+        except allocconf.ConfError:
+            out.options = {}
+        if changed:
+            out.problems.append(
+                f"{APPLIED_VAR} says rule {applied[0]} applied {applied[1]!r}, "
+                f"but {read_var} is {current!r}"
+            )
+    return out
+
+
+def _in_effect(
+    intent: Mapping[str, str], reports: Mapping[str, Any], current: str | None, problems: list[str]
+) -> dict:
+    """Key by key, what autoalloc meant against what torch reports."""
+    in_effect: dict[str, dict[str, Any]] = {}
+    for key, want in intent.items():
+        got, source = _reported(key, reports, current)
+        in_effect[key] = {
+            "intended": want,
+            "reported": got,
+            "reported_by": source,
+            "ok": _same(key, want, got),
+        }
+        if not in_effect[key]["ok"]:
+            problems.append(
+                f"autoalloc meant {key}:{want}, but torch reports {key}:{got} ({source})"
+            )
+    backend = reports.get("backend")
+    if intent.get("expandable_segments") == "True" and backend in (
+        "pluggable",
+        *allocconf.ASYNC_BACKENDS,
+    ):
+        in_effect["expandable_segments"]["ok"] = False
+        problems.append(
+            f"torch's allocator backend is {backend}: expandable segments have no effect"
+        )
+    return in_effect
+
+
+def _platform_notes(info: Any) -> list[str]:
+    if info is None:
+        return []
+    notes = list(platform_notes(info, sys.platform)[0])
+    if info.release < (2, 3) and info.flavour != "cpu":
+        notes.append(
+            f"{info.describe()} cannot report its allocator settings: shown from the environment"
+        )
+    return notes
+
+
+def _python() -> dict[str, Any]:
     return {
-        "reads": d.read_var,
-        "value": d.value,
-        "warnings": [w.replace("rule <a matching rule>", "the rule") for w in d.warnings],
-        "notes": [n for n in d.notes if n not in platform_notes(torch_info, sys.platform)[0]],
+        "executable": sys.executable,
+        "version": sys.version.split()[0],
+        "flags": {
+            "no_site": bool(sys.flags.no_site),
+            "isolated": bool(sys.flags.isolated),
+            "no_user_site": bool(sys.flags.no_user_site),
+        },
+        "frozen": bool(getattr(sys, "frozen", False)),
     }
 
 
 def status() -> Status:
-    """Import torch (the hook decides then, if it has not) and report what torch uses; see the module doc."""
-    from autoalloc import hook, torchinfo
+    """Import torch (the hook decides then, if it has not) and report what torch uses.
+
+    See the module's docstring for what is reported.
+    """
+    from autoalloc import hook
 
     armed = _watcher_armed()
     problems: list[str] = []
-    warnings: list[str] = []
-    notes: list[str] = []
-    fatal = None if "torch" in sys.modules else _aborting_value(torchinfo.locate(), os.environ)
-    torch: Any = None
-    if fatal:
-        problems.append(f"{fatal}: not importing torch (it would abort this process too)")
-    else:
-        try:
-            import torch
-        except Exception as exc:
-            problems.append(f"torch cannot be imported here: {type(exc).__name__}: {exc}")
-
-    state = hook.STATE
+    torch = _import_torch(problems)  # 1. the hook decides now, if nothing imported torch yet
+    state, env = hook.STATE, dict(os.environ)
     decision: Decision | None = state.decision
-    env = dict(os.environ)
     hook_dict, not_live, opted_out = hook_info(decision is not None, armed or _watcher_armed())
-
-    info = state.torch
-    if info is None and torch is None:
-        info = torchinfo.locate()
-    if info is None and torch is not None:
-        info = torchinfo.from_package_dir(os.path.dirname(torch.__file__)) or torchinfo.TorchInfo(
-            torch.__version__, torch.version.cuda, getattr(torch.version, "hip", None), os.path.dirname(torch.__file__)
-        )
-    torch_dict = None if info is None else {"version": info.version, "flavour": info.flavour, "path": info.path}
+    info = _torch_info(state, torch)
     read_var = allocconf.effective_var(env, info)
-    environment = {
+    intent = _intent(decision, env, read_var, opted_out)  # 2. what autoalloc meant here
+    problems += intent.problems
+    notes = list(intent.notes)
+    if not hook_dict["live"]:
+        why = "; ".join(not_live)
+        if opted_out:
+            notes.append(f"autoalloc is switched off here: {why}")
+        else:
+            problems.append(f"autoalloc's hook is not live in this interpreter: {why}")
+    reports = _torch_reports(torch) if torch is not None else dict(_NO_REPORTS, errors={})
+    reports["imported"] = torch is not None
+    current = env.get(read_var, "") if read_var else None
+    in_effect = _in_effect(intent.options, reports, current, problems)  # 3. against torch
+    notes += _platform_notes(info)
+    matching_job = None  # 4. what a job a rule matches would get here
+    if decision is None or decision.action not in ("apply", "inherited"):
+        try:
+            matching_job = _matching_job(state, env, info, notes)
+        except Exception as exc:  # reporting must not fail on a strange policy
+            notes.append(f"cannot work out what a matching job would get: {exc!r}")
+    ok = torch is not None and (hook_dict["live"] or opted_out)
+    ok = ok and all(v["ok"] for v in in_effect.values())
+    ok = ok and not (intent.inherited is not None and not intent.inherited["intact"])
+    summary = _summary(ok, decision, intent.options, in_effect, hook_dict, opted_out)
+    if torch is None:
+        summary = "torch was not imported: " + (problems[0] if problems else "unknown")
+    return Status(
+        ok=ok, summary=summary, python=_python(), autoalloc=_autoalloc(), torch=_torch_dict(info),
+        hook=hook_dict, environment=_environment(env, info, read_var),
+        decision=None if decision is None else decision.as_dict(), inherited=intent.inherited,
+        matching_job=matching_job, torch_reports=reports, in_effect=in_effect, problems=problems,
+        warnings=list(decision.warnings) if decision is not None else [], notes=notes,
+    )  # fmt: skip
+
+
+_NO_REPORTS: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None}
+
+
+def _autoalloc() -> dict[str, Any]:
+    return {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))}
+
+
+def _torch_dict(info: Any) -> dict[str, Any] | None:
+    if info is None:
+        return None
+    return {"version": info.version, "flavour": info.flavour, "path": info.path}
+
+
+def _environment(env: Mapping[str, str], info: Any, read_var: str | None) -> dict[str, Any]:
+    return {
         "variables": {name: env.get(name) for name in ALL_VARS},
         "read_order": list(allocconf.read_order(info)),
         "torch_reads": read_var,
         APPLIED_VAR: env.get(APPLIED_VAR),
     }
 
-    # The intent: what autoalloc applied here, or what a parent of this job applied.
-    intent: dict[str, str] = {}
-    applied = parse_applied(env.get(APPLIED_VAR))
-    current = env.get(read_var, "") if read_var else ""
-    inherited = None
-    own = decision is not None and applied is not None and decision.writes.get(APPLIED_VAR) == env.get(APPLIED_VAR)
-    if applied is not None and not own:
-        intact = applied[1] == current
-        inherited = {"rule": applied[0], "value": applied[1], "torch_reads": read_var, "current": current, "intact": intact}
-    if decision is not None:
-        if decision.action in ("apply", "inherited"):
-            intent = decision.applied()
-            if decision.action == "apply" and not intent and decision.requested:
-                intent = dict(decision.requested)  # not applied (an unparseable value): not in effect
-        warnings = list(decision.warnings)
-        if own:
-            notes.append(f"child processes inherit what this process applied ({APPLIED_VAR}) and stay silent")
-        if decision.action != "inherited" and inherited is not None and not inherited["intact"]:
-            problems.append(
-                f"a parent process applied rule {applied[0]} ({applied[1]!r}), but {read_var or 'the variable'} "
-                f"is now {current!r}: changed after autoalloc set it"
-            )
-            if decision.action in ("none", "skip"):
-                intent = {}
-    elif inherited is not None and not opted_out:
-        try:
-            intent = dict(allocconf.parse(applied[1]))
-        except allocconf.ConfError:
-            intent = {}
-        if not inherited["intact"]:
-            problems.append(f"{APPLIED_VAR} says rule {applied[0]} applied {applied[1]!r}, but {read_var} is {current!r}")
-    if not hook_dict["live"]:
-        if opted_out:
-            notes.append("autoalloc is switched off here: " + "; ".join(not_live))
-        else:
-            problems.append("autoalloc's hook is not live in this interpreter: " + "; ".join(not_live))
-
-    reports = _torch_reports(torch) if torch is not None else {"getter": None, "snapshot": None, "backend": None, "errors": {}}
-    reports["imported"] = torch is not None
-    in_effect: dict[str, dict[str, Any]] = {}
-    for key, want in intent.items():
-        got, source = _reported(key, reports, current if read_var else None)
-        in_effect[key] = {"intended": want, "reported": got, "reported_by": source, "ok": _same(key, want, got)}
-        if not in_effect[key]["ok"]:
-            problems.append(f"autoalloc meant {key}:{want}, but torch reports {key}:{got} ({source})")
-    backend = reports.get("backend")
-    if intent.get("expandable_segments") == "True" and backend in ("pluggable", *allocconf.ASYNC_BACKENDS):
-        in_effect["expandable_segments"]["ok"] = False
-        problems.append(f"torch's allocator backend is {backend}: expandable segments have no effect")
-    if info is not None:
-        notes += platform_notes(info, sys.platform)[0]
-        if info.release < (2, 3) and info.flavour != "cpu":
-            notes.append(f"{info.describe()} cannot report its allocator settings: shown from the environment")
-
-    matching_job = None
-    if decision is None or decision.action not in ("apply", "inherited"):
-        try:
-            matching_job = _matching_job(state, env, info)
-        except Exception as exc:  # reporting must not fail on a strange policy
-            notes.append(f"cannot work out what a matching job would get: {exc!r}")
-
-    not_working = not hook_dict["live"] and not opted_out
-    ok = torch is not None and not not_working and all(v["ok"] for v in in_effect.values())
-    ok = ok and not (inherited is not None and not inherited["intact"])
-    summary = _summary(ok, decision, intent, in_effect, hook_dict, opted_out, read_var, current)
-    if torch is None:
-        summary = "torch was not imported: " + (problems[0] if problems else "unknown")
-    return Status(
-        ok=ok,
-        summary=summary,
-        python={
-            "executable": sys.executable,
-            "version": sys.version.split()[0],
-            "flags": {"no_site": bool(sys.flags.no_site), "isolated": bool(sys.flags.isolated),
-                      "no_user_site": bool(sys.flags.no_user_site)},
-            "frozen": bool(getattr(sys, "frozen", False)),
-        },
-        autoalloc={"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))},
-        torch=torch_dict,
-        hook=hook_dict,
-        environment=environment,
-        decision=None if decision is None else _decision_dict(decision),
-        inherited=inherited,
-        matching_job=matching_job,
-        torch_reports=reports,
-        in_effect=in_effect,
-        problems=problems,
-        warnings=warnings,
-        notes=notes,
-    )
-
 
 def _summary(
-    ok: bool, decision: Decision | None, intent: Mapping[str, str], in_effect: Mapping[str, Any],
-    hook: Mapping[str, Any], opted_out: bool, read_var: str | None, current: str,
+    ok: bool,
+    decision: Decision | None,
+    intent: Mapping[str, str],
+    in_effect: Mapping[str, Any],
+    hook: Mapping[str, Any],
+    opted_out: bool,
 ) -> str:
     options = ",".join(f"{k}:{v}" for k, v in intent.items())
     if not hook["live"]:
-        return "autoalloc is switched off here" if opted_out else "autoalloc's hook is not live in this interpreter"
+        return (
+            "autoalloc is switched off here"
+            if opted_out
+            else "autoalloc's hook is not live in this interpreter"
+        )
     if not intent:
         what = decision.action if decision is not None else "nothing"
-        return f"nothing to verify: {what} ({decision.reason})" if decision is not None and decision.reason else (
-            f"nothing to verify: {what}"
+        return (
+            f"nothing to verify: {what} ({decision.reason})"
+            if decision is not None and decision.reason
+            else (f"nothing to verify: {what}")
         )
     if ok:
         return f"in effect: torch uses {options}"
@@ -397,62 +527,86 @@ def _summary(
         return "NOT in effect: see the problems below"
     meant = ",".join(f"{k}:{v['intended']}" for k, v in missing)
     got = ",".join(f"{k}:{v['reported']}" for k, v in missing)
-    return f"NOT in effect: autoalloc meant {meant}; torch reports {got} ({missing[0][1]['reported_by']})"
+    by = missing[0][1]["reported_by"]
+    return f"NOT in effect: autoalloc meant {meant}; torch reports {got} ({by})"
 
 
 def render(status: Status) -> str:
     """The text form of a status."""
     s = status
-    lines = [f"autoalloc {s.autoalloc.get('version', '')}: {'OK' if s.ok else 'PROBLEM'}: {s.summary}"]
-    lines.append(f"python:       {s.python['version']} ({s.python['executable']})")
+    verdict = "OK" if s.ok else "PROBLEM"
+    lines = [f"autoalloc {s.autoalloc.get('version', '')}: {verdict}: {s.summary}"]
+    lines += _render_setup(s) + _render_decision(s) + _render_torch(s) + _render_messages(s)
+    return "\n".join(lines)
+
+
+def _render_setup(s: Status) -> list[str]:
+    lines = [f"python:       {s.python['version']} ({s.python['executable']})"]
     t = s.torch
     imported = "" if s.torch_reports.get("imported", True) else "  (not imported)"
-    lines.append(f"torch:        {t['version']} ({t['flavour']}) at {t['path']}{imported}" if t else "torch:        not found")
+    found = f"{t['version']} ({t['flavour']}) at {t['path']}{imported}" if t else "not found"
+    lines.append(f"torch:        {found}")
     h = s.hook
     installed = ", ".join(h["files"]) if h["files"] else "no"
     lines.append(f"hook:         installed: {installed}; live here: {'yes' if h['live'] else 'no'}")
-    for why in h["not_live_because"]:
-        lines.append(f"              ({why})")
+    lines += [f"              ({why})" for why in h["not_live_because"]]
     env = s.environment
     for name, value in env["variables"].items():
         mark = "  <- torch reads this" if name == env["torch_reads"] else ""
         lines.append(f"{name + ':':<26}{'(unset)' if value is None else repr(value)}{mark}")
+    return lines
+
+
+def _render_decision(s: Status) -> list[str]:
     d = s.decision
+    lines = []
     if d is None:
         lines.append("decision:     none recorded in this process")
     else:
-        rule = f" rule {d['rule']} from {d['layer_file']}" if d["rule"] else ""
+        rule = f" rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""
         lines.append(f"decision:     {d['action']}{rule} for {d['entry_point']}")
         if d["reason"]:
             lines.append(f"because:      {d['reason']}")
         if d["action"] == "apply":
-            lines.append(f"applied:      {d['read_var']}={d['value']!r}" + (" (runtime setter)" if d["via"] == "setter" else ""))
+            setter = " (runtime setter)" if d["via"] == "setter" else ""
+            lines.append(f"applied:      {d['read_var']}={d['value']!r}{setter}")
     if s.inherited is not None:
         i = s.inherited
-        state = "still what torch reads" if i["intact"] else f"but {i['torch_reads']} is now {i['current']!r}"
-        lines.append(f"inherited:    rule {i['rule']} applied {i['value']!r} in a parent process ({state})")
+        now = f"but {i['torch_reads']} is now {i['current']!r}"
+        state = "still what torch reads" if i["intact"] else now
+        lines.append(
+            f"inherited:    rule {i['rule']} applied {i['value']!r} in a parent process ({state})"
+        )
+    return lines
+
+
+def _render_torch(s: Status) -> list[str]:
     r = s.torch_reports
+    lines = []
     if r["getter"] is not None:
         lines.append(f"torch getter: {r['getter']!r}")
     if r["snapshot"] is not None:
-        lines.append(f"torch parsed: expandable_segments={r['snapshot'].get('expandable_segments')}")
+        segments = r["snapshot"].get("expandable_segments")
+        lines.append(f"torch parsed: expandable_segments={segments}")
     if r["backend"] is not None:
         lines.append(f"backend:      {r['backend']}")
-    for what, error in r["errors"].items():
-        lines.append(f"torch {what} failed: {error}")
+    lines += [f"torch {what} failed: {error}" for what, error in r["errors"].items()]
     for key, v in s.in_effect.items():
         mark = "ok" if v["ok"] else "NOT IN EFFECT"
-        lines.append(f"  {key}: meant {v['intended']}, torch reports {v['reported']} ({v['reported_by']})  {mark}")
-    for problem in s.problems:
-        lines.append(f"problem:      {problem}")
-    for warning in s.warnings:
-        lines.append(f"warning:      {warning}")
-    for note in s.notes:
-        lines.append(f"note:         {note}")
-    if s.matching_job is not None and (s.matching_job["warnings"] or s.matching_job["notes"]):
-        lines.append("a job matching a rule here would be told:")
-        for warning in s.matching_job["warnings"]:
-            lines.append(f"  warning: {warning}")
-        for note in s.matching_job["notes"]:
-            lines.append(f"  note:    {note}")
-    return "\n".join(lines)
+        lines.append(
+            f"  {key}: meant {v['intended']}, torch reports {v['reported']} "
+            f"({v['reported_by']})  {mark}"
+        )
+    return lines
+
+
+def _render_messages(s: Status) -> list[str]:
+    lines = [f"problem:      {problem}" for problem in s.problems]
+    lines += [f"warning:      {warning}" for warning in s.warnings]
+    lines += [f"note:         {note}" for note in s.notes]
+    job = s.matching_job
+    if job is not None and (job["warnings"] or job["notes"]):
+        lines.append(f"a job matching rule {job['rule']} here would be told:")
+        lines += [f"  warning: {warning}" for warning in job["warnings"]]
+        lines += [f"  note:    {note}" for note in job["notes"]]
+    return lines

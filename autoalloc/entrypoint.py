@@ -12,6 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+Kind = Literal["script", "module", "command", "code", "stdin", "repl", "unknown"]
 
 # Interpreter options that consume the next argument when their value is not attached.
 _SHORT_WITH_VALUE = frozenset("WX")
@@ -30,7 +33,7 @@ class EntryPoint:
     basename or ``""``; ``args`` are the program's own arguments.
     """
 
-    kind: str
+    kind: Kind
     target: str = ""
     args: tuple[str, ...] = ()
     path: str = ""  # for scripts and commands: the absolute path as given (symlinks kept)

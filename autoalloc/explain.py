@@ -11,13 +11,13 @@ import os
 import re
 import shutil
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autoalloc import entrypoint, sources, torchinfo
-from autoalloc.decide import Decision, decide
+from autoalloc import entrypoint, torchinfo
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers
+from autoalloc.plan import plan
 from autoalloc.policy import Policy, Rule
 
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
@@ -37,7 +37,12 @@ def interpreter_argv(command: Sequence[str]) -> list[str]:
 
 
 def _rule_dict(rule: Rule) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": rule.name, "action": rule.action, "layer": rule.source.layer, "file": rule.source.path}
+    out: dict[str, Any] = {
+        "name": rule.name,
+        "action": rule.action,
+        "layer": rule.source.layer,
+        "file": rule.source.path,
+    }
     if rule.description:
         out["description"] = rule.description
     for key in ("scripts", "modules", "commands", "imports", "argv"):
@@ -48,72 +53,91 @@ def _rule_dict(rule: Rule) -> dict[str, Any]:
     return out
 
 
-def decision_dict(decision: Decision) -> dict[str, Any]:
-    """A Decision as plain data."""
-    return {
-        "action": decision.action,
-        "rule": decision.rule,
-        "rule_source": decision.rule_source,
-        "reason": decision.reason,
-        "trigger": decision.trigger,
-        "requested": dict(decision.requested),
-        "env_before": dict(decision.env_before),
-        "writes": dict(decision.writes),
-        "unsets": list(decision.unsets),
-        "setter_value": decision.setter_value,
-        "read_var": decision.read_var,
-        "value": decision.value,
-        "warnings": list(decision.warnings),
-        "notes": list(decision.notes),
-    }
-
-
-def policy_dict(policy: Policy) -> dict[str, Any]:
-    """Layers, effective settings with provenance, and rules in match order."""
+def policy_dict(policy: Policy | None) -> dict[str, Any]:
+    """Layers, effective settings with provenance, and rules in match order (empty: not read)."""
+    if policy is None:
+        return {
+            "layers": [],
+            "enabled": None,
+            "on_conflict": None,
+            "allocator": {},
+            "rules": [],
+            "inactive_rules": {},
+        }
 
     def origin(valued: Any) -> str:
         return valued.source.describe() if valued.source else "default"
 
     return {
         "layers": [
-            {"layer": s.layer, "path": s.path, "status": s.status, **({"message": s.message} if s.message else {})}
+            {
+                "layer": s.layer,
+                "path": s.path,
+                "status": s.status,
+                **({"message": s.message} if s.message else {}),
+            }
             for s in policy.layers
         ],
         "enabled": {"value": policy.enabled.value, "from": origin(policy.enabled)},
         "on_conflict": {"value": policy.on_conflict.value, "from": origin(policy.on_conflict)},
-        "allocator": {k: {"value": v.value, "from": origin(v)} for k, v in policy.allocator.items()},
+        "allocator": {
+            k: {"value": v.value, "from": origin(v)} for k, v in policy.allocator.items()
+        },
         "rules": [_rule_dict(r) for r in policy.rules],
         "inactive_rules": dict(policy.dropped),
     }
 
 
-def explain(command: Sequence[str] | None = None, env: Mapping[str, str] | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """What autoalloc would decide for ``command`` (or for the working directory when None)."""
+def explain(
+    command: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+    cwd: str | None = None,
+    imported: Iterable[str] = (),
+) -> dict[str, Any]:
+    """What autoalloc would decide for ``command`` (or for the working directory when None).
+
+    ``imported``: modules to count as imported by that run (``--import``), as if the
+    program had imported them before torch or later (import triggers).
+    """
     env = dict(os.environ if env is None else env)
     cwd = cwd if cwd is not None else entrypoint.current_cwd()
     argv = interpreter_argv(command or [])
     entry = entrypoint.parse(argv, cwd) if argv else EntryPoint("unknown")
-    shown, workers = entrypoint.decided_for(entry, sys.executable, cwd)
     torch = torchinfo.locate()
-    policy = sources.load(shown, env, cwd)
-    decision = decide(policy, shown, env, torch, ())
-    result: dict[str, Any] = {
+    result = plan(entry, env, cwd, torch, imported, python=sys.executable)
+    shown = result.decided_for
+    report: dict[str, Any] = {
         "command": list(command or []),
-        "entry_point": {
-            "kind": shown.kind,
-            "target": shown.target,
-            "args": list(shown.args),
-            **({"path": shown.path, "realpath": shown.realpath} if shown.path else {}),
+        "imported": sorted(set(imported)),
+        "entry_point": _entry_dict(shown),
+        "torch": None
+        if torch is None
+        else {
+            "version": torch.version,
+            "flavour": torch.flavour,
+            "path": torch.path,
         },
-        "torch": None if torch is None else {"version": torch.version, "flavour": torch.flavour, "path": torch.path},
-        **policy_dict(policy),
-        "decision": decision_dict(decision),
+        **policy_dict(result.policy),
+        "decision": result.decision.as_dict(),
     }
-    if workers:
-        result["launcher"] = {"kind": entry.kind, "target": entry.target, "worker_argv": workers}
-    if decision.action == "none":
-        result["import_triggers"] = sorted(pending_triggers(policy.rules, ()))
-    return result
+    if result.workers:
+        report["launcher"] = {
+            "kind": entry.kind,
+            "target": entry.target,
+            "worker_argv": list(result.workers),
+        }
+    if result.decision.action == "none" and result.policy is not None:
+        report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
+    return report
+
+
+def _entry_dict(entry: EntryPoint) -> dict[str, Any]:
+    return {
+        "kind": entry.kind,
+        "target": entry.target,
+        "args": list(entry.args),
+        **({"path": entry.path, "realpath": entry.realpath} if entry.path else {}),
+    }
 
 
 def _value(text: str | None) -> str:
@@ -122,31 +146,58 @@ def _value(text: str | None) -> str:
 
 def render(report: Mapping[str, Any]) -> str:
     """The text form of an ``explain`` report."""
-    lines: list[str] = []
+    return "\n".join([*_render_program(report), *_render_policy(report), *_render_decision(report)])
+
+
+def _render_program(report: Mapping[str, Any]) -> list[str]:
     ep = report["entry_point"]
     target = f" {ep['target']}" if ep["target"] else ""
-    lines.append(f"entry point:  {ep['kind']}{target}" + (f"  args: {' '.join(ep['args'])}" if ep["args"] else ""))
+    args = f"  args: {' '.join(ep['args'])}" if ep["args"] else ""
+    lines = [f"entry point:  {ep['kind']}{target}{args}"]
     if "launcher" in report:
         lines.append(f"              (as seen by the workers of {report['launcher']['target']})")
+    if report.get("imported"):
+        lines.append(
+            f"imported:     {', '.join(report['imported'])} (as if the program imported them)"
+        )
     t = report["torch"]
-    lines.append(f"torch:        {t['version']} ({t['flavour']}) at {t['path']}" if t else "torch:        not found on sys.path")
-    lines.append("policy layers (lowest first):")
+    found = f"{t['version']} ({t['flavour']}) at {t['path']}" if t else "not found on sys.path"
+    lines.append(f"torch:        {found}")
+    return lines
+
+
+def _render_policy(report: Mapping[str, Any]) -> list[str]:
+    if report["enabled"] is None:
+        return ["policy layers: not read"]
+    lines = ["policy layers (lowest first):"]
     for layer in report["layers"]:
         message = f"  ({layer['message']})" if layer.get("message") else ""
         lines.append(f"  {layer['layer']:<8} {layer['status']:<9} {layer['path'] or '-'}{message}")
     lines.append(f"enabled:      {report['enabled']['value']}  [{report['enabled']['from']}]")
-    lines.append(f"on_conflict:  {report['on_conflict']['value']}  [{report['on_conflict']['from']}]")
+    conflict = report["on_conflict"]
+    lines.append(f"on_conflict:  {conflict['value']}  [{conflict['from']}]")
     options = ", ".join(f"{k}:{v['value']} [{v['from']}]" for k, v in report["allocator"].items())
     lines.append(f"allocator:    {options}")
     lines.append("rules, in match order:")
     for rule in report["rules"]:
-        lines.append(f"  {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]  {rule.get('description', '')}".rstrip())
+        about = rule.get("description", "")
+        lines.append(
+            f"  {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]  {about}".rstrip()
+        )
     for name, why in report["inactive_rules"].items():
         lines.append(f"  off   {name:<24} {why}")
+    return lines
+
+
+def _render_decision(report: Mapping[str, Any]) -> list[str]:
     d = report["decision"]
-    lines.append(f"decision:     {d['action']}" + (f"  rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""))
-    if d["reason"]:
-        lines.append(f"because:      {d['reason']}")
+    if d["action"] == "disabled" and not d["rule"]:
+        lines = [f"decision:     disabled ({d['reason']})"]
+    else:
+        rule = f"  rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""
+        lines = [f"decision:     {d['action']}{rule}"]
+        if d["reason"]:
+            lines.append(f"because:      {d['reason']}")
     if d["writes"] or d["unsets"]:
         lines.append("environment:")
         for name, value in d["writes"].items():
@@ -156,9 +207,8 @@ def render(report: Mapping[str, Any]) -> str:
     if d["action"] == "apply":
         lines.append(f"torch reads:  {d['read_var']}={_value(d['value'])}")
     if report.get("import_triggers"):
-        lines.append("watching:     " + ", ".join(report["import_triggers"]) + " (an import of one of these can still decide)")
-    for warning in d["warnings"]:
-        lines.append(f"warning:      {warning}")
-    for note in d["notes"]:
-        lines.append(f"note:         {note}")
-    return "\n".join(lines)
+        watched = ", ".join(report["import_triggers"])
+        lines.append(f"watching:     {watched} (an import of one of these can still decide)")
+    lines += [f"warning:      {warning}" for warning in d["warnings"]]
+    lines += [f"note:         {note}" for note in d["notes"]]
+    return lines

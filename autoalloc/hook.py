@@ -1,10 +1,11 @@
 """Carry out the decision at ``import torch``: the only place that writes the environment.
 
-The startup watcher calls ``on_find`` when ``torch`` (or, later, a policy import
-trigger) is about to be imported. For torch it finds the real spec, decides before any
-of torch's code runs, writes the environment, and arranges for the guards to be
-installed once torch's module has executed. A trigger that fires after torch is loaded
-applies the full merged string through the runtime setter.
+The startup watcher wraps the loader of ``torch`` (and, later, of the policy's import
+triggers), which calls ``before_exec`` right before the module's own code runs and
+``after_exec`` once it has. For torch, ``before_exec`` runs the pipeline (``plan``) and
+writes the environment before libc10 loads; ``after_exec`` installs the guards. A
+trigger module that has executed decides again; after torch is loaded, the full merged
+string goes through the runtime setter.
 """
 
 from __future__ import annotations
@@ -13,12 +14,14 @@ import os
 import sys
 import zlib
 from dataclasses import dataclass, field
+from types import ModuleType
 
-from autoalloc import entrypoint, messages, sources, torchinfo
-from autoalloc._startup import truthy
-from autoalloc.decide import Decision, decide, disabled
+from autoalloc import entrypoint, messages, torchinfo
+from autoalloc._startup import WARNED_VAR
+from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers
+from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
 from autoalloc.torchinfo import TorchInfo
 
@@ -27,115 +30,81 @@ from autoalloc.torchinfo import TorchInfo
 class State:
     """What this process decided; ``autoalloc.status()`` reads it."""
 
-    decision: Decision | None = None
-    policy: Policy | None = None
-    entry: EntryPoint | None = None
-    torch: TorchInfo | None = None
+    plan: Plan | None = None
+    decision: Decision | None = None  # the plan's decision, once carried out
+    torch_module: ModuleType | None = None  # the torch whose import autoalloc saw execute
+    own: frozenset[str] = frozenset()  # modules autoalloc itself imported to decide
     errors: list[str] = field(default_factory=list)
     setter_error: str | None = None
 
+    @property
+    def policy(self) -> Policy | None:
+        return self.plan.policy if self.plan else None
+
+    @property
+    def entry(self) -> EntryPoint | None:
+        return self.plan.decided_for if self.plan else None
+
+    @property
+    def torch(self) -> TorchInfo | None:
+        return self.plan.torch if self.plan else None
+
 
 STATE = State()
-WARNED_VAR = "AUTOALLOC_WARNED"
 
 
-def on_find(watcher, fullname: str, path, target):
-    """Called by the startup watcher for a watched name; returns torch's spec or None."""
-    if fullname == "torch":
-        return _on_torch(watcher, path, target)
-    _on_trigger(watcher, fullname)
-    return None
+def _watcher():
+    return next((f for f in sys.meta_path if getattr(f, "autoalloc_watcher", False)), None)
 
 
-def _real_spec(watcher, fullname: str, path, target):
-    meta_path = sys.meta_path
-    start = meta_path.index(watcher) + 1 if watcher in meta_path else 0
-    for finder in meta_path[start:]:
-        find_spec = getattr(finder, "find_spec", None)
-        if find_spec is not None:
-            spec = find_spec(fullname, path, target)
-            if spec is not None:
-                return spec
-    return None
+def before_exec(module: ModuleType, imported: set[str]) -> None:
+    """Right before a watched module executes: for torch, decide and write the environment.
 
-
-def _on_torch(watcher, path, target):
-    spec = _real_spec(watcher, "torch", path, target)
-    if spec is None:
-        return None
-    if STATE.decision is None:
-        STATE.torch = torchinfo.from_spec(spec)
-        STATE.entry = _decided_for(entrypoint.current())
-        if truthy(os.environ.get("AUTOALLOC_DISABLE")):
-            decision = disabled(STATE.entry, os.environ, STATE.torch, "AUTOALLOC_DISABLE is set")
-        else:
-            STATE.policy = sources.load(STATE.entry, os.environ, entrypoint.current_cwd())
-            decision = decide(STATE.policy, STATE.entry, os.environ, STATE.torch, set(sys.modules))
-        commit(decision)
-        if decision.action == "none" and STATE.policy is not None:
-            watcher.names |= pending_triggers(STATE.policy.rules, sys.modules)
-    _after_exec(spec, watcher)
-    return spec
-
-
-def _decided_for(entry: EntryPoint) -> EntryPoint:
-    """The entry point to decide for: a torchrun launcher's workers, else this process's own.
-
-    Deciding in the launcher lets every rank inherit the environment and its
-    ``AUTOALLOC_APPLIED`` mark, so a job warns once instead of once per rank.
+    ``imported``: ``sys.modules`` as the program left it, before autoalloc imported anything
+    of its own for the decision (platformdirs, tomllib, ...): those are not the program's.
     """
-    decided, workers = entrypoint.decided_for(entry, sys.executable or "python", entrypoint.current_cwd())
-    if workers is not None:
-        messages.debug(f"{entry.describe()} is a launcher: deciding for its workers ({' '.join(workers[1:])})")
-    return decided
-
-
-def _after_exec(spec, watcher) -> None:
-    """Run ``_torch_loaded`` once torch's module has executed (wraps this spec's loader)."""
-    loader = spec.loader
-    exec_module = getattr(loader, "exec_module", None)
-    if exec_module is None or getattr(exec_module, "_autoalloc", False):
+    if module.__name__ != "torch" or STATE.decision is not None:
         return
-
-    def wrapped(module):
-        exec_module(module)
-        try:
-            _torch_loaded(watcher)
-        except Exception as exc:
-            STATE.errors.append(repr(exc))
-            messages.debug(f"internal error after import torch: {exc!r}")
-
-    wrapped._autoalloc = True  # type: ignore[attr-defined]
-    try:
-        loader.exec_module = wrapped
-    except (AttributeError, TypeError):  # a loader that forbids it: no guards, nothing else lost
-        pass
+    info = torchinfo.from_spec(module.__spec__)
+    entry, cwd = entrypoint.current(), entrypoint.current_cwd()
+    STATE.plan = plan(entry, os.environ, cwd, info, imported)
+    STATE.own = frozenset(sys.modules.keys() - imported)
+    commit(STATE.plan.decision)
+    watcher = _watcher()
+    if watcher is not None and STATE.decision.action == "none" and STATE.policy is not None:
+        watcher.names |= pending_triggers(STATE.policy.rules, STATE.plan.imported)
 
 
-def _torch_loaded(watcher) -> None:
-    from autoalloc import guards
+def after_exec(module: ModuleType, imported: set[str]) -> None:
+    """A watched module has executed: torch gets its guards; a trigger may decide now."""
+    watcher = _watcher()
+    if module.__name__ == "torch":
+        if STATE.torch_module is None and STATE.plan is not None:
+            STATE.torch_module = module
+            from autoalloc import guards
 
-    guards.install(STATE)
-    watcher.names.discard("torch")
-    if not watcher.names and watcher in sys.meta_path:
+            guards.install(STATE)
+        if watcher is not None:
+            watcher.names.discard("torch")
+    elif watcher is not None:
+        _on_trigger(watcher, module.__name__)
+    if watcher is not None and not watcher.names and watcher in sys.meta_path:
         sys.meta_path.remove(watcher)
 
 
 def _on_trigger(watcher, name: str) -> None:
+    """Module ``name`` was really imported: decide again with it counted as imported."""
     watcher.names.discard(name)
     decision = STATE.decision
-    if decision is None or decision.action != "none" or STATE.policy is None or STATE.entry is None:
+    if decision is None or decision.action != "none" or STATE.plan is None:
         return
-    torch_module = sys.modules.get("torch")
-    late = torch_module is not None and not getattr(getattr(torch_module, "__spec__", None), "_initializing", False)
-    imported = set(sys.modules) | {name}
-    new = decide(STATE.policy, STATE.entry, os.environ, STATE.torch, imported, late=late)
-    if new.action == "none":
+    imported = (sys.modules.keys() - STATE.own) | {name}
+    new = STATE.plan.after_import(name, os.environ, imported, late=STATE.torch_module is not None)
+    if new.decision.action == "none":
         return
-    commit(new)
+    STATE.plan = new
+    commit(new.decision)
     watcher.names.clear()
-    if "torch" in sys.modules and watcher in sys.meta_path:
-        sys.meta_path.remove(watcher)
 
 
 def commit(decision: Decision) -> None:
@@ -149,7 +118,10 @@ def commit(decision: Decision) -> None:
         STATE.setter_error = _call_setter(decision.setter_value)
     said = list(decision.warnings)
     if STATE.setter_error:
-        said.append(f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: {STATE.setter_error}")
+        said.append(
+            f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
+            f"{STATE.setter_error}"
+        )
     for message in _not_yet_said(said):
         messages.warn(message)
     messages.debug(decision.summary())
@@ -176,14 +148,23 @@ def _not_yet_said(messages: list[str]) -> list[str]:
 
 
 def _call_setter(value: str) -> str | None:
-    """Apply ``value`` with torch's runtime setter (the unguarded one); the error text or None."""
-    torch = sys.modules["torch"]
+    """Apply ``value`` with torch's runtime setter (the unguarded one); the error text or None.
+
+    Only on the torch module whose import autoalloc saw execute, and only while it is still
+    ``sys.modules["torch"]``: a test suite's mock put there is never configured.
+    """
+    torch = STATE.torch_module
+    if torch is None or sys.modules.get("torch") is not torch:
+        messages.debug(
+            "sys.modules['torch'] is not the torch autoalloc saw imported: no setter call"
+        )
+        return None
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     if setter is None:
         setter = torch.cuda.memory._set_allocator_settings
     setter = getattr(setter, "__wrapped__", setter)
     try:
         setter(value)
-    except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU builds
+    except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -1,4 +1,4 @@
-"""How autoalloc speaks: ``AutoallocWarning`` for things a user should fix, ``AUTOALLOC_DEBUG`` traces.
+"""How autoalloc speaks: ``AutoallocWarning`` for what to fix, ``AUTOALLOC_DEBUG`` traces.
 
 Warnings point at the user's code (the ``import torch`` line, the setter call), never at
 autoalloc's or importlib's frames, and never raise into the host program, even under

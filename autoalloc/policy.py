@@ -9,10 +9,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from autoalloc import allocconf, globs
 
-LAYERS = ("builtin", "site", "user", "project", "env")
+LayerName = Literal["builtin", "site", "user", "project", "env"]
+LayerState = Literal["found", "missing", "error", "untrusted", "unset"]
+LAYERS: tuple[LayerName, ...] = get_args(LayerName)
 ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
 
@@ -166,9 +169,9 @@ def validate(data: object, source: Source, allow_trust: bool = False) -> LayerCo
 class LayerStatus:
     """What happened to one layer: ``found``, ``missing``, ``error``, ``untrusted`` or ``unset``."""
 
-    layer: str
+    layer: LayerName
     path: str | None
-    status: str
+    status: LayerState
     message: str = ""
 
 

@@ -14,10 +14,23 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 
+from autoalloc import messages
+from autoalloc._startup import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.policy import LayerConfig, LayerStatus, Policy, PolicyError, Source, compose, validate
+from autoalloc.policy import (
+    LayerConfig,
+    LayerName,
+    LayerState,
+    LayerStatus,
+    Policy,
+    PolicyError,
+    Source,
+    compose,
+    validate,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +38,6 @@ else:  # pragma: no cover - exercised on older interpreters in CI
     import tomli as tomllib
 
 MAX_BYTES = 1 << 20
-PROJECT_FILES = ("autoalloc.toml", "pyproject.toml")
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
 
 
@@ -67,7 +79,12 @@ def ancestors(start: str) -> Iterator[str]:
         current = parent
 
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+_OPEN_FLAGS = (
+    os.O_RDONLY
+    | getattr(os, "O_NONBLOCK", 0)
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
 
 
 def _check_regular(st: os.stat_result) -> None:
@@ -142,16 +159,31 @@ def parse_toml(data: bytes) -> dict:
         raise LayerError(f"is not valid TOML: {type(exc).__name__}: {exc}") from None
 
 
-def policy_table(path: str, data: bytes) -> dict | None:
-    """The autoalloc table of a file: the whole document, or ``[tool.autoalloc]`` of a pyproject.toml."""
-    if os.path.basename(path) != "pyproject.toml":
-        return parse_toml(data)
+def _whole_document(data: bytes) -> dict | None:
+    return parse_toml(data)
+
+
+def _tool_autoalloc(data: bytes) -> object:
     if b"autoalloc" not in data:  # cheap pre-check: most pyproject.toml files are not ours
         return None
     tool = parse_toml(data).get("tool")
     if not isinstance(tool, dict) or "autoalloc" not in tool:
         return None
     return tool["autoalloc"]
+
+
+# Project file names, in the order they are tried in each directory, and how each holds
+# the policy: the whole document, or the [tool.autoalloc] table.
+LOADERS: dict[str, Callable[[bytes], object]] = {
+    "autoalloc.toml": _whole_document,
+    "pyproject.toml": _tool_autoalloc,
+}
+PROJECT_FILES = tuple(LOADERS)
+
+
+def policy_table(path: str, data: bytes) -> object:
+    """The autoalloc table of a file (None: a pyproject.toml without one). Raises LayerError."""
+    return LOADERS.get(os.path.basename(path), _whole_document)(data)
 
 
 def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list[str]:
@@ -162,7 +194,10 @@ def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list
     relative entry is ignored, since it would trust whatever the working directory is.
     """
     dirs = []
-    for entry in [*env.get("AUTOALLOC_TRUSTED_DIRS", "").split(os.pathsep), *(d for c in configs for d in c.trusted_dirs)]:
+    for entry in [
+        *env.get(TRUSTED_DIRS_VAR, "").split(os.pathsep),
+        *(d for c in configs for d in c.trusted_dirs),
+    ]:
         if entry == "*":
             dirs.append(entry)
             continue
@@ -187,7 +222,9 @@ def is_trusted(path: str, trusted: Sequence[str], st: os.stat_result | None = No
         return True
     euid = geteuid()
     try:
-        owned = _owned(st if st is not None else os.stat(path), euid) and _owned(os.stat(os.path.dirname(path) or "."), euid)
+        owned = _owned(st if st is not None else os.stat(path), euid) and _owned(
+            os.stat(os.path.dirname(path) or "."), euid
+        )
     except (OSError, ValueError):
         owned = False
     if owned:
@@ -214,104 +251,148 @@ _UNTRUSTED = (
 )
 
 
-def _find(start: str | None, trusted: Sequence[str] | None) -> tuple[str, dict | None, str, str] | None:
-    """The nearest project policy: ``(path, table or None, status, message)``.
+@dataclass(frozen=True)
+class LayerFile:
+    """One policy layer as read: where it is, what happened, and what it holds."""
 
-    ``trusted`` None: no ownership check. An untrusted ``autoalloc.toml`` is not parsed;
-    an untrusted ``pyproject.toml`` is parsed only to see whether it has our table.
+    layer: LayerName
+    path: str | None
+    status: LayerState
+    message: str = ""
+    table: object = None  # the parsed autoalloc table, for a file found and readable
+    config: LayerConfig | None = None  # the validated table
+
+    def record(self) -> LayerStatus:
+        return LayerStatus(self.layer, self.path, self.status, self.message)
+
+
+def _examinable(path: str) -> bool:
+    """False when a permission on the way keeps ``path`` from being examined at all.
+
+    ``stat`` needs only search permission on the directories above: a project candidate
+    it cannot reach is not a broken file of the user's (the working directory may sit
+    below a directory the user cannot read), so it is traced, not warned about.
     """
+    try:
+        os.stat(path)
+    except PermissionError:
+        messages.debug(f"cannot examine {path} (a directory on the way is not searchable): skipped")
+        return False
+    except (OSError, ValueError):
+        pass  # absent, or another failure read_file reports
+    return True
+
+
+def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerFile | None:
+    """The project layer from ``path``, or None when the search goes on past it."""
+    if not _examinable(path):
+        return None
+    try:
+        data, st = read_file(path)
+        if trusted is not None and not is_trusted(path, trusted, st):
+            # Another user's pyproject.toml is looked at only to see whether it has our table.
+            try:
+                if policy_table(path, data) is None:
+                    return None
+            except LayerError:
+                pass
+            return LayerFile("project", path, "untrusted", _UNTRUSTED)
+        table = policy_table(path, data)
+    except FileNotFoundError:
+        return None
+    except LayerError as exc:
+        return LayerFile("project", path, "error", str(exc))
+    return None if table is None else LayerFile("project", path, "found", table=table)
+
+
+def _find(start: str | None, trusted: Sequence[str] | None) -> LayerFile | None:
+    """The nearest project policy (``trusted`` None: no ownership check)."""
     if not start:
         return None
     for directory in ancestors(start):
-        for name in PROJECT_FILES:
-            path = os.path.join(directory, name)
-            try:
-                data, st = read_file(path)
-                if trusted is not None and not is_trusted(path, trusted, st):
-                    if name == "pyproject.toml":
-                        try:
-                            if policy_table(path, data) is None:
-                                continue
-                        except LayerError:
-                            pass
-                    return path, None, "untrusted", _UNTRUSTED
-                table = policy_table(path, data)
-            except FileNotFoundError:
-                continue
-            except LayerError as exc:
-                return path, None, "error", str(exc)
-            if table is not None:
-                return path, table, "found", ""
+        for name in LOADERS:
+            found = _project_candidate(os.path.join(directory, name), trusted)
+            if found is not None:
+                return found
     return None
 
 
-def find_project(start: str | None) -> tuple[str, dict | None, str] | None:
-    """The nearest project policy: ``(path, table or None, error message)``.
+def find_project(start: str | None) -> LayerFile | None:
+    """The nearest project policy searched upward from ``start``, without ownership checks.
 
     ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
     ``pyproject.toml`` without ``[tool.autoalloc]`` does not count.
     """
-    found = _find(start, None)
-    return None if found is None else (found[0], found[1], found[3])
+    return _find(start, None)
 
 
-def _load_file(layer: str, path: str, allow_trust: bool) -> tuple[LayerStatus, LayerConfig | None]:
+def _validated(read: LayerFile, allow_trust: bool) -> LayerFile:
+    if read.status != "found":
+        return read
+    try:
+        config = validate(read.table, Source(read.layer, read.path or ""), allow_trust)
+    except PolicyError as exc:
+        return replace(read, status="error", message=str(exc))
+    return replace(read, config=config)
+
+
+def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerFile:
+    """One named layer file, read and validated."""
     try:
         table = policy_table(path, read_bytes(path))
     except FileNotFoundError:
-        return LayerStatus(layer, path, "missing"), None
+        return LayerFile(layer, path, "missing")
     except LayerError as exc:
-        return LayerStatus(layer, path, "error", str(exc)), None
+        return LayerFile(layer, path, "error", str(exc))
     if table is None:
-        return LayerStatus(layer, path, "missing", "no [tool.autoalloc] table"), None
-    return _validated(layer, path, table, allow_trust)
+        return LayerFile(layer, path, "missing", "no [tool.autoalloc] table")
+    return _validated(LayerFile(layer, path, "found", table=table), allow_trust)
 
 
-def _validated(layer: str, path: str, table: object, allow_trust: bool) -> tuple[LayerStatus, LayerConfig | None]:
+def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerFile:
     try:
-        config = validate(table, Source(layer, path), allow_trust)
-    except PolicyError as exc:
-        return LayerStatus(layer, path, "error", str(exc)), None
-    return LayerStatus(layer, path, "found"), config
-
-
-def _location(layer: str, locate) -> tuple[str | None, LayerStatus | None]:
-    try:
-        return locate(), None
+        path = locate()
     except Exception as exc:  # e.g. no HOME and no passwd entry: no such layer (explain shows why)
-        return None, LayerStatus(layer, None, "missing", f"cannot locate: {exc}")
+        return LayerFile(layer, None, "missing", f"cannot locate: {exc}")
+    if not os.path.isabs(path):
+        # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
+        # read from the working directory, i.e. from whatever repository is there.
+        return LayerFile(layer, path, "missing", "not an absolute path (is HOME set?)")
+    return load_file(layer, path)
+
+
+def _env_layer(env: Mapping[str, str]) -> LayerFile:
+    path = env.get(CONFIG_VAR) or None
+    if path is None:
+        return LayerFile("env", None, "unset")
+    read = load_file("env", path)
+    if read.status == "missing" and not read.message:
+        # Named by the user, so its absence is a mistake to report, not a layer to skip.
+        return replace(
+            read, status="error", message=f"{CONFIG_VAR} names a file that does not exist"
+        )
+    return read
+
+
+def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> list[LayerFile]:
+    """Every layer for this entry point, lowest first."""
+    # 1. built-in rules, shipped as package data
+    builtin = load_file("builtin", BUILTIN_PATH, allow_trust=False)
+    # 2. site and 3. user config files (platformdirs)
+    site = _config_dir_layer("site", site_path)
+    user = _config_dir_layer("user", user_path)
+    # 5. AUTOALLOC_CONFIG is read before the project layer, although it ranks above it: its
+    # trusted_dirs, like the user's and the site's, decide whether a project file owned by
+    # another user may be used, so it must be known before the project search.
+    named = _env_layer(env)
+    trusted = trusted_dirs(env, [r.config for r in (site, user, named) if r.config is not None])
+    # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
+    found = _find(project_start(entry, cwd), trusted)
+    project = LayerFile("project", None, "missing") if found is None else found
+    return [builtin, site, user, _validated(project, allow_trust=False), named]
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
     """Read every layer for this entry point and compose them."""
-    statuses: list[LayerStatus] = []
-    configs: list[LayerConfig] = []
-
-    def add(status: LayerStatus, config: LayerConfig | None) -> None:
-        statuses.append(status)
-        if config is not None:
-            configs.append(config)
-
-    add(*_load_file("builtin", BUILTIN_PATH, False))
-    for layer, locate in (("site", site_path), ("user", user_path)):
-        path, failure = _location(layer, locate)
-        if path and not os.path.isabs(path):
-            # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
-            # read from the working directory, i.e. from whatever repository is there.
-            add(LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)"), None)
-            continue
-        add(*(_load_file(layer, path, True) if path else (failure, None)))
-    env_path = env.get("AUTOALLOC_CONFIG") or None
-    env_result = _load_file("env", env_path, True) if env_path else (LayerStatus("env", None, "unset"), None)
-    trusted = trusted_dirs(env, [*configs, *([env_result[1]] if env_result[1] else [])])
-    found = _find(project_start(entry, cwd), trusted)
-    if found is None:
-        add(LayerStatus("project", None, "missing"), None)
-    else:
-        path, table, status, message = found
-        if status != "found":
-            add(LayerStatus("project", path, status, message), None)
-        else:
-            add(*_validated("project", path, table, False))
-    add(*env_result)
-    return compose(configs, statuses)
+    layers = read_layers(entry, env, cwd)
+    return compose([r.config for r in layers if r.config is not None], [r.record() for r in layers])

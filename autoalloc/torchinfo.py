@@ -1,4 +1,4 @@
-"""Which torch is installed: version and flavour read from ``torch/version.py`` without importing torch.
+"""Which torch is installed: version and flavour from ``torch/version.py``, without importing it.
 
 Importing torch (or ``importlib.metadata``) to learn its version would defeat the point,
 so this reads the small generated ``version.py`` next to the package that the import
@@ -9,11 +9,17 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Literal
 
-_ASSIGN = re.compile(r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$""")
+Flavour = Literal["cpu", "cuda", "rocm"]
+
+_ASSIGN = re.compile(
+    r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$"""
+)
 _RELEASE = re.compile(r"^(\d+)\.(\d+)")
 
 
@@ -32,7 +38,7 @@ class TorchInfo:
         return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
     @property
-    def flavour(self) -> str:
+    def flavour(self) -> Flavour:
         if self.hip:
             return "rocm"
         if self.cuda:
@@ -57,14 +63,30 @@ def parse_version_file(text: str, path: str = "") -> TorchInfo | None:
     return TorchInfo(version, values.get("cuda"), values.get("hip") or values.get("rocm"), path)
 
 
-def from_package_dir(package_dir: str) -> TorchInfo | None:
-    """TorchInfo for the torch package in ``package_dir`` (the folder holding ``__init__.py``)."""
-    path = os.path.join(package_dir, "version.py")
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_MAX_VERSION_FILE = 65536
+
+
+def _read_regular(path: str) -> str | None:
+    """The text of ``path`` if it is a regular file (a FIFO there would block ``read``)."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return parse_version_file(f.read(65536), package_dir)
+        fd = os.open(path, _OPEN_FLAGS)  # non-blocking: opening a FIFO returns at once
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return os.read(fd, _MAX_VERSION_FILE).decode("utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
+
+
+def from_package_dir(package_dir: str) -> TorchInfo | None:
+    """TorchInfo for the torch package in ``package_dir`` (the folder holding ``__init__.py``)."""
+    text = _read_regular(os.path.join(package_dir, "version.py"))
+    return None if text is None else parse_version_file(text, package_dir)
 
 
 def from_spec(spec: object) -> TorchInfo | None:
@@ -78,7 +100,8 @@ def from_spec(spec: object) -> TorchInfo | None:
 
 
 def locate(paths: Iterable[str] | None = None) -> TorchInfo | None:
-    """TorchInfo for the first torch package on ``paths`` (default ``sys.path``), as import would find it."""
+    """TorchInfo for the first torch package on ``paths`` (default ``sys.path``), as import
+    would find it."""
     for entry in sys.path if paths is None else paths:
         package_dir = os.path.join(entry or os.curdir, "torch")
         if os.path.isfile(os.path.join(package_dir, "__init__.py")):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What autoalloc's startup hook costs: P1-P3 of DESIGN.md "Budgets", measured in one run.
+"""What autoalloc's startup hook costs: the startup budgets P1-P3, measured in one run.
 
 It builds a clean virtual environment (no other ``.pth`` files than a bare venv's),
 installs autoalloc from this checkout *non-editable* (as ``pip install autoalloc`` would,
@@ -438,9 +438,9 @@ import sys, time  # both loaded at start-up already: this probe must not import 
 # timing below is what the hook adds to the process ("net") rather than what it moves earlier.
 for name in sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []:
     __import__(name)
-watcher = next(f for f in sys.meta_path if getattr(f, "autoalloc_watcher", False))
+startup = sys.modules["autoalloc._startup"]
 spent = {"decide": [0, 0], "guards": [0, 0]}
-find_spec = watcher.find_spec
+run = startup.run
 imported = set()
 
 def timed(key, fn, *args):
@@ -451,18 +451,16 @@ def timed(key, fn, *args):
         spent[key][0] += time.perf_counter_ns() - t0
         spent[key][1] += time.process_time_ns() - c0
 
-def timed_find_spec(fullname, path=None, target=None):
-    if fullname != "torch":
-        return find_spec(fullname, path, target)
+def timed_run(step, module, *args):
+    # the wrapped loader of torch calls run("before_exec") and run("after_exec")
+    if module.__name__ != "torch":
+        return run(step, module, *args)
     before = set(sys.modules)
-    spec = timed("decide", find_spec, fullname, path, target)
-    imported.update(set(sys.modules) - before)
-    hook = sys.modules["autoalloc.hook"]
-    loaded = hook._torch_loaded
-    hook._torch_loaded = lambda w: timed("guards", loaded, w)
-    return spec
+    timed("decide" if step == "before_exec" else "guards", run, step, module, *args)
+    if step == "before_exec":
+        imported.update(set(sys.modules) - before)
 
-watcher.find_spec = timed_find_spec
+startup.run = timed_run
 import torch
 import os
 assert os.environ.get("AUTOALLOC_APPLIED"), "the hook did not apply"

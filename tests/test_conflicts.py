@@ -124,7 +124,7 @@ def test_several_variables_merge_into_the_one_torch_reads() -> None:
 
 @pytest.mark.hook
 def test_several_variables_hip_on_a_cuda_build() -> None:
-    # 2.10+ CUDA builds: generic keys from HIP, CUDA-only keys from PYTORCH_ALLOC_CONF (reference §1)
+    # 2.10+ CUDA builds: generic keys from HIP, CUDA-only keys from PYTORCH_ALLOC_CONF
     env = {HIP: "garbage_collection_threshold:0.5", ALLOC: "release_lock_on_cudamalloc:True"}
     d = run(env, T214)
     assert d.warnings[0] == (

@@ -412,7 +412,7 @@ def test_lhotse_doctor_names_the_rule(sandbox: Sandbox) -> None:
     # autoalloc.status() in the process that imported lhotse: the rule, the trigger, set through the environment
     decision = report["status"]["decision"]
     assert (decision["action"], decision["rule"], decision["trigger"], decision["via"]) == ("apply", "lhotse-users", "lhotse", "env")
-    assert decision["layer_file"].startswith("user ") and report["status"]["ok"] is True
+    assert decision["rule_source"].startswith("user ") and report["status"]["ok"] is True
     # `autoalloc doctor` started from inside that job: what its parent applied, still intact
     assert report["rc"] == 0
     inherited = report["doctor"]["inherited"]

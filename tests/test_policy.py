@@ -140,14 +140,14 @@ def test_project_search_upward_from_script_dir(tmp_path: Path) -> None:
     write(tmp_path / "proj" / "sub" / "deeper" / "train.py", "")
     entry = parse(["py", "sub/deeper/train.py"], str(tmp_path / "proj"))
     found = sources.find_project(sources.project_start(entry, "/nonexistent"))
-    assert found and found[0] == str(tmp_path / "proj" / "pyproject.toml") and found[1] == {"enabled": False}
+    assert found and found.path == str(tmp_path / "proj" / "pyproject.toml") and found.table == {"enabled": False}
 
 
 def test_project_search_from_cwd_without_script(tmp_path: Path) -> None:
     write(tmp_path / "autoalloc.toml", "enabled = false\n")
     (tmp_path / "a" / "b").mkdir(parents=True)
     start = sources.project_start(EntryPoint("module", "pkg.mod"), str(tmp_path / "a" / "b"))
-    assert sources.find_project(start)[0] == str(tmp_path / "autoalloc.toml")
+    assert sources.find_project(start).path == str(tmp_path / "autoalloc.toml")
 
 
 def test_pyproject_without_table_is_skipped_and_autoalloc_toml_wins(tmp_path: Path) -> None:
@@ -155,7 +155,7 @@ def test_pyproject_without_table_is_skipped_and_autoalloc_toml_wins(tmp_path: Pa
     write(tmp_path / "pyproject.toml", "[tool.autoalloc]\nenabled = false\n")
     write(tmp_path / "inner" / "pyproject.toml", '[project]\nname = "x"\ndependencies = ["autoalloc"]\n')
     found = sources.find_project(str(tmp_path / "inner"))
-    assert found[0] == str(tmp_path / "autoalloc.toml")
+    assert found.path == str(tmp_path / "autoalloc.toml")
 
 
 def test_pyproject_not_parsed_unless_it_mentions_autoalloc(tmp_path: Path) -> None:

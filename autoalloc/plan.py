@@ -1,0 +1,140 @@
+"""The one decision pipeline: every step the hook takes before it writes, in one function.
+
+``plan()`` is called by the hook (at ``import torch``), by ``autoalloc explain`` (for a
+command line) and by ``autoalloc doctor`` (for its own process, and for "what would a
+job matching a rule get here"). They differ only in what they do with the ``Plan``: the
+hook carries out its decision, ``explain`` shows it, ``doctor`` compares it with what
+torch reports. Pure apart from reading the policy files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from autoalloc import entrypoint, messages, sources
+from autoalloc._startup import DISABLE_VAR, truthy
+from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
+from autoalloc.entrypoint import EntryPoint
+from autoalloc.policy import Policy
+from autoalloc.torchinfo import TorchInfo
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What autoalloc decided for one process, and what it decided from."""
+
+    entry: EntryPoint  # the process's own entry point
+    decided_for: EntryPoint  # the program decided for: a torchrun launcher's workers, or entry
+    # (its text decoded as UTF-8 where the interpreter could not)
+    workers: tuple[str, ...] | None  # the launcher's worker command line, when it is one
+    torch: TorchInfo | None
+    policy: Policy | None  # None: the layers were not read (AUTOALLOC_DISABLE)
+    decision: Decision
+    imported: frozenset[str]  # the modules the decision counted as imported
+
+    def after_import(
+        self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool
+    ) -> Plan:
+        """The plan once module ``name`` has been imported (a policy import trigger).
+
+        The layers are not read again: the process decides from the policy it started with.
+        """
+        if self.policy is None:
+            return self
+        seen = frozenset({*self.imported, *imported, name})
+        decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late)
+        return replace(self, decision=decision, imported=seen)
+
+
+def utf8_entry(entry: EntryPoint) -> EntryPoint:
+    """``entry`` with surrogate-escaped text decoded as UTF-8 where it is valid UTF-8.
+
+    Under a C locale without UTF-8 mode (``LC_ALL=C python -X utf8=0``) the interpreter
+    decodes ``trainé.py`` as ``train\\udcc3\\udca9.py``; the policy's patterns are Unicode,
+    so the same script must match them the same way it does under a UTF-8 locale.
+    """
+
+    def fix(text: str) -> str:
+        try:
+            return os.fsencode(text).decode("utf-8") if not text.isascii() else text
+        except (UnicodeError, ValueError):
+            return text
+
+    return replace(
+        entry,
+        target=fix(entry.target),
+        args=tuple(fix(a) for a in entry.args),
+        path=fix(entry.path),
+        realpath=fix(entry.realpath),
+    )
+
+
+def plan(
+    entry: EntryPoint,
+    env: Mapping[str, str],
+    cwd: str | None,
+    torch: TorchInfo | None,
+    imported: Iterable[str] = (),
+    *,
+    python: str | None = None,
+    late: bool = False,
+    platform: str = sys.platform,
+    rule: str | None = None,
+) -> Plan:
+    """Decide for a process that runs ``entry`` in ``env`` and ``cwd`` and imports torch.
+
+    ``imported``: the modules the program has imported (torch always counts: the decision
+    is made at its import). ``late``: torch is loaded already, so options go through the
+    runtime setter. ``rule``: decide as if the rule of that name matched (``doctor``'s
+    "what would a matching job get").
+    """
+    seen = frozenset({*imported, "torch"})
+    # 1. The program to decide for: a torchrun launcher decides for its workers, so that
+    #    every rank inherits one decision (and at most one warning).
+    target, workers = entrypoint.decided_for(entry, python or sys.executable or "python", cwd)
+    if workers is not None:
+        messages.debug(f"{entry.describe()} is a launcher: deciding for its workers")
+    matched = utf8_entry(target)  # matched as text; the file system gets the original
+    args = (entry, matched, tuple(workers) if workers else None, torch)
+    # 2. AUTOALLOC_DISABLE: nothing of autoalloc's, not even what a parent process wrote.
+    if truthy(env.get(DISABLE_VAR)):
+        decision = disabled(matched, env, torch, f"{DISABLE_VAR} is set")
+        return Plan(*args, None, decision, seen)
+    # 3. The policy layers that govern this program.
+    policy = sources.load(target, env, cwd)
+    # 4. The decision.
+    if rule is None:
+        decision = decide(policy, matched, env, torch, seen, late=late, platform=platform)
+    else:
+        decision = _as_if(policy, rule, matched, env, torch, late, platform)
+    return Plan(*args, policy, decision, seen)
+
+
+def _as_if(
+    policy: Policy,
+    name: str,
+    entry: EntryPoint,
+    env: Mapping[str, str],
+    torch: TorchInfo | None,
+    late: bool,
+    platform: str,
+) -> Decision:
+    """The decision if the ``apply`` rule ``name`` matched ``entry``."""
+    found = next((r for r in policy.rules if r.name == name and r.action == "apply"), None)
+    if found is None:
+        raise LookupError(f"no active apply rule named {name!r}")
+    if not policy.enabled.value:
+        return decide(policy, entry, env, torch, late=late, platform=platform)
+    decision = resolve(policy, found, entry, env, torch, late, platform)
+    warnings = (*layer_warnings(policy), *decision.warnings)
+    return replace(decision, reason=f"as if rule {name} matched", warnings=warnings)
+
+
+def first_apply_rule(policy: Policy | None) -> str | None:
+    """The name of the first ``apply`` rule in match order (``doctor``'s example job)."""
+    if policy is None:
+        return None
+    return next((r.name for r in policy.rules if r.action == "apply"), None)

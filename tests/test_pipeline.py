@@ -1,0 +1,170 @@
+"""One pipeline decides for the hook, ``explain`` and ``doctor``.
+
+In process: ``plan()`` and ``explain()`` on opt-outs, a missing ``AUTOALLOC_CONFIG``, the
+launcher hand-off, ``--import``. End to end: the warning a missing ``AUTOALLOC_CONFIG``
+gives once per job, and ``autoalloc check`` failing on it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from autoalloc import entrypoint, sources
+from autoalloc.explain import explain, render
+from autoalloc.plan import plan, utf8_entry
+from autoalloc.torchinfo import TorchInfo
+from tests.conftest import Sandbox, autoalloc_warnings
+
+NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+CUDA = TorchInfo("2.14.1", cuda="13.0")
+
+
+def world_env(sandbox: Sandbox, **extra: str) -> dict[str, str]:
+    return {**sandbox.env, **extra}
+
+
+def test_disable_is_the_pipelines_first_word(sandbox: Sandbox) -> None:
+    sandbox.write(NEMO, "")
+    env = world_env(sandbox, AUTOALLOC_DISABLE="1")
+    report = explain(["python", NEMO], env=env, cwd=str(sandbox.work))
+    assert report["decision"]["action"] == "disabled"
+    assert report["decision"]["reason"] == "AUTOALLOC_DISABLE is set"
+    assert "decision:     disabled (AUTOALLOC_DISABLE is set)" in render(report)
+    assert report["layers"] == []  # the hook does not read them either
+    enabled = explain(["python", NEMO], env=sandbox.env, cwd=str(sandbox.work))
+    assert enabled["decision"]["action"] == "apply"
+
+
+def test_missing_autoalloc_config_is_an_error_layer(sandbox: Sandbox) -> None:
+    missing = str(sandbox.root / "nope.toml")
+    env = world_env(sandbox, AUTOALLOC_CONFIG=missing)
+    entry = entrypoint.parse(["python", "-c", "pass"])
+    result = plan(entry, env, str(sandbox.work), CUDA)
+    layer = next(s for s in result.policy.layers if s.layer == "env")
+    assert (layer.path, layer.status) == (missing, "error")
+    assert result.decision.action == "none"
+    assert [w for w in result.decision.warnings if missing in w] == [
+        f"autoalloc: ignoring the env policy {missing}: AUTOALLOC_CONFIG names a file that does not exist"
+    ]
+
+
+def test_launcher_hand_off_and_imports(sandbox: Sandbox) -> None:
+    sandbox.write(NEMO, "")
+    cwd = str(sandbox.work)
+    launcher = entrypoint.parse(
+        ["python", "-m", "torch.distributed.run", "--nproc_per_node=2", NEMO], cwd
+    )
+    result = plan(launcher, sandbox.env, cwd, CUDA)
+    assert result.workers is not None and result.decided_for.target.endswith(NEMO)
+    assert result.decision.action == "apply" and result.decision.rule == "nemo-asr-train"
+    code = entrypoint.parse(["python", "-c", "pass"], cwd)
+    assert plan(code, sandbox.env, cwd, CUDA).decision.action == "none"
+    nemo = plan(code, sandbox.env, cwd, CUDA, ["nemo.collections.asr"]).decision
+    assert nemo.action == "apply" and nemo.trigger == "nemo.collections.asr"
+    report = explain(["python", "-c", "pass"], env=sandbox.env, cwd=cwd, imported=["vllm"])
+    assert report["decision"]["action"] == "skip" and report["imported"] == ["vllm"]
+
+
+def test_imports_torch_means_every_torch_process(sandbox: Sandbox) -> None:
+    sandbox.write("autoalloc.toml", '[[rules]]\nname = "all-torch"\nimports = ["torch"]\n')
+    code = entrypoint.parse(["python", "-c", "pass"], str(sandbox.work))
+    decision = plan(code, sandbox.env, str(sandbox.work), CUDA).decision
+    assert (decision.action, decision.rule, decision.trigger) == ("apply", "all-torch", "torch")
+
+
+def test_surrogate_escaped_paths_match_as_utf8() -> None:
+    raw = "/w/train" + "".join(chr(0xDC00 + b) for b in "é🎤".encode()) + ".py"
+    entry = entrypoint.EntryPoint("script", raw, (raw,), raw, raw)
+    fixed = utf8_entry(entry)
+    assert fixed.target == fixed.path == fixed.realpath == "/w/train\u00e9\U0001f3a4.py"
+    assert fixed.args == (fixed.path,)
+    assert (
+        utf8_entry(entrypoint.EntryPoint("script", "/w/\udcff.py")).target == "/w/\udcff.py"
+    )  # not UTF-8
+
+
+def test_cwd_below_an_unsearchable_directory_is_traced_not_warned(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A directory on the way that cannot be searched (chmod 000 for a non-root user): no warning."""
+    locked = sandbox.root / "locked"
+    real_stat = os.stat
+
+    def stat(path, *args, **kwargs):
+        if str(path).startswith(str(locked) + os.sep):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setenv("AUTOALLOC_DEBUG", "1")
+    entry = entrypoint.EntryPoint("code")
+    policy = sources.load(entry, sandbox.env, str(locked / "work"))
+    project = next(s for s in policy.layers if s.layer == "project")
+    assert project.status == "missing"
+    assert "cannot examine" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root searches any directory"
+)
+def test_cwd_below_chmod_000_end_to_end(sandbox: Sandbox) -> None:
+    work = sandbox.root / "locked" / "work"
+    work.mkdir(parents=True)
+    code = f"import os; os.chdir({str(work)!r}); os.chmod('..', 0); import torch"
+    try:
+        result = sandbox.run(["-c", code], cwd=sandbox.root)
+    finally:
+        work.parent.chmod(0o755)
+    assert result.returncode == 0 and autoalloc_warnings(result.stderr) == [], result.stderr
+
+
+def test_missing_autoalloc_config_warns_once_per_job(sandbox: Sandbox) -> None:
+    missing = str(sandbox.root / "nope.toml")
+    child = sandbox.script("child.py")
+    parent = sandbox.script(
+        "parent.py",
+        f"import subprocess, sys\nimport torch\nsubprocess.run([sys.executable, {str(child)!r}], check=True)\n",
+        probe=False,
+    )
+    result = sandbox.run([str(parent)], env={"AUTOALLOC_CONFIG": missing})
+    assert result.returncode == 0, result.stderr
+    warned = autoalloc_warnings(result.stderr)
+    assert len(warned) == 1 and missing in warned[0] and "does not exist" in warned[0], (
+        result.stderr
+    )
+
+
+def test_check_fails_on_a_missing_autoalloc_config(sandbox: Sandbox) -> None:
+    missing = str(sandbox.root / "nope.toml")
+    result = sandbox.run(["-m", "autoalloc", "check"], env={"AUTOALLOC_CONFIG": missing})
+    assert result.returncode == 1
+    assert f"error  {missing}: AUTOALLOC_CONFIG names a file that does not exist" in result.stdout
+    named = sandbox.write("named.toml", '[[rules]]\nname = "a"\nscripts = ["x.py"]\n')
+    ok = sandbox.run(["-m", "autoalloc", "check"], env={"AUTOALLOC_CONFIG": str(named)})
+    assert ok.returncode == 0 and f"ok     {named}" in ok.stdout
+
+
+def test_explain_import_option(sandbox: Sandbox) -> None:
+    result = sandbox.run(
+        [
+            "-m",
+            "autoalloc",
+            "explain",
+            "--json",
+            "--import",
+            "vllm",
+            "--import",
+            "nemo.collections.asr",
+            "--",
+            "python",
+            "-c",
+            "pass",
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["imported"] == ["nemo.collections.asr", "vllm"]
+    assert data["decision"]["action"] == "skip"  # llm-serving comes first in match order
