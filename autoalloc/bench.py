@@ -721,7 +721,7 @@ def compare_arms(arms: dict) -> dict:
 
 
 def checks(arms: dict, comparisons: dict, gpu: bool) -> list[dict]:
-    """The GPU budgets (README "Performance"), as pass/miss lines (informational: they never fail the run)."""
+    """The GPU budgets, as pass/miss lines (informational: they never fail the run)."""
     if not gpu:
         return []
     out = []

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoalloc import __version__, allocconf
-from autoalloc._startup import truthy
+from autoalloc._startup import DISABLE_VAR, truthy
 from autoalloc.allocconf import ALL_VARS
 from autoalloc.decide import APPLIED_VAR, Decision, parse_applied, platform_notes
 from autoalloc.plan import first_apply_rule, plan
@@ -127,7 +127,7 @@ def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bo
     opted_out = False
     live = armed or decided
     if not live:
-        if truthy(os.environ.get("AUTOALLOC_DISABLE")):
+        if truthy(os.environ.get(DISABLE_VAR)):
             why.append("AUTOALLOC_DISABLE is set")
             opted_out = True
         if sys.flags.isolated:

@@ -47,7 +47,8 @@ def test_missing_autoalloc_config_is_an_error_layer(sandbox: Sandbox) -> None:
     assert (layer.path, layer.status) == (missing, "error")
     assert result.decision.action == "none"
     assert [w for w in result.decision.warnings if missing in w] == [
-        f"autoalloc: ignoring the env policy {missing}: AUTOALLOC_CONFIG names a file that does not exist"
+        f"autoalloc: ignoring the env policy {missing}: "
+        "AUTOALLOC_CONFIG names a file that does not exist"
     ]
 
 
@@ -89,7 +90,7 @@ def test_surrogate_escaped_paths_match_as_utf8() -> None:
 def test_cwd_below_an_unsearchable_directory_is_traced_not_warned(
     sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A directory on the way that cannot be searched (chmod 000 for a non-root user): no warning."""
+    """A directory on the way that cannot be searched (chmod 000, not root): no warning."""
     locked = sandbox.root / "locked"
     real_stat = os.stat
 
@@ -126,7 +127,8 @@ def test_missing_autoalloc_config_warns_once_per_job(sandbox: Sandbox) -> None:
     child = sandbox.script("child.py")
     parent = sandbox.script(
         "parent.py",
-        f"import subprocess, sys\nimport torch\nsubprocess.run([sys.executable, {str(child)!r}], check=True)\n",
+        "import subprocess, sys\nimport torch\n"
+        f"subprocess.run([sys.executable, {str(child)!r}], check=True)\n",
         probe=False,
     )
     result = sandbox.run([str(parent)], env={"AUTOALLOC_CONFIG": missing})

@@ -94,7 +94,8 @@ def test_find_spec_of_a_trigger_fires_nothing(sandbox: Sandbox) -> None:
 
 def test_failed_vllm_probe_does_not_stop_a_later_trigger(sandbox: Sandbox) -> None:
     env = with_site(sandbox, FAKE_NEMO)
-    body = "import torch\ntry:\n    import vllm\nexcept ImportError:\n    pass\nimport nemo.collections.asr\n"
+    body = "import torch\ntry:\n    import vllm\nexcept ImportError:\n    pass\n"
+    body += "import nemo.collections.asr\n"
     result = sandbox.run(["-c", body + PROBE], env=env)
     assert_applied(result, "asr-toolkit-imports")
 
@@ -156,7 +157,8 @@ def test_surrogate_escaped_script_path_matches_like_utf8(sandbox: Sandbox) -> No
 def test_child_of_a_job_with_an_explicit_equal_value(sandbox: Sandbox) -> None:
     """The documented workaround: without AUTOALLOC_APPLIED, an equal value counts as the user's."""
     script = sandbox.script("serve/vllm_server.py")
-    sandbox.write("autoalloc.toml", '[[rules]]\nname = "srv"\nscripts = ["vllm_server.py"]\naction = "skip"\n')
+    rule = '[[rules]]\nname = "srv"\nscripts = ["vllm_server.py"]\naction = "skip"\n'
+    sandbox.write("autoalloc.toml", rule)
     env = {"PYTORCH_CUDA_ALLOC_CONF": ES, "AUTOALLOC_APPLIED": f"nemo-asr-train;{ES}",
            "AUTOALLOC_ORIGINAL": '{"PYTORCH_CUDA_ALLOC_CONF": null}'}
     taken = probe_result(sandbox.run([str(script)], env=env).stdout)
