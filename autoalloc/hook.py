@@ -116,6 +116,10 @@ def _torch_loaded(watcher) -> None:
     from autoalloc import guards
 
     guards.install(STATE)
+    if os.environ.get("AUTOALLOC_REPORT"):  # the measurement half, only when asked for
+        from autoalloc.ab import recorder
+
+        recorder.install()
     watcher.names.discard("torch")
     if not watcher.names and watcher in sys.meta_path:
         sys.meta_path.remove(watcher)
