@@ -1,6 +1,6 @@
 """A tiny CPU trainer for the AUTOALLOC_REPORT and ``autoalloc ab`` tests (not a test module).
 
-    python tiny_train.py STEPS [--workers N] [--wait-after N] [--no-optimizer] [--fail]
+    python tiny_train.py STEPS [--workers N] [--wait-after N] [--no-optimizer] [--fail-when TEXT]
 
 Prints ``READY`` once ``--wait-after`` steps are done and then waits to be signalled;
 prints ``SETTINGS <raw allocator string>`` (torch's getter) and ``FINISHED`` at the end.
@@ -8,6 +8,7 @@ Under torchrun every rank trains its own copy (no process group: nothing to wait
 """
 
 import argparse
+import os
 import sys
 import time
 
@@ -28,10 +29,10 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--wait-after", type=int)
     p.add_argument("--no-optimizer", action="store_true")
-    p.add_argument("--fail", action="store_true")
+    p.add_argument("--fail-when", help="exit 3 when PYTORCH_CUDA_ALLOC_CONF contains this")
     args = p.parse_args()
     torch.set_num_threads(1)
-    if args.fail:
+    if args.fail_when is not None and args.fail_when in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
         print("tiny_train: failing on purpose", file=sys.stderr)
         return 3
     model = torch.nn.Linear(8, 1)
