@@ -200,9 +200,9 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from autoalloc import bench
+    from autoalloc.bench import command
 
-    return bench.main(args.bench_args)
+    return command.main(args.bench_args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -282,9 +282,9 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # argparse.REMAINDER would reject bench's own leading options (--quick, --help)
-        from autoalloc import bench
+        from autoalloc.bench import command
 
-        return bench.main(argv[1:])
+        return command.main(argv[1:])
     if argv[:1] == ["ab"]:
         return _cmd_ab(argv[1:])
     args = parser().parse_args(argv)

@@ -58,6 +58,7 @@ class Plan:
     repeat: int
     timeout: float
     out: str
+    deadline: float | None = None  # seconds: start no run that would end after this
 
 
 class Progress:
@@ -196,7 +197,14 @@ def run_all(arms: Sequence[Arm], plan: Plan, stream: TextIO = sys.stderr) -> lis
     """Every arm ``plan.repeat`` times, interleaved, one after the other."""
     order = interleave(arms, plan.repeat)
     progress = Progress(stream, len(order), plan.steps + plan.warmup)
-    return [run_once(arm, repeat, i, plan, progress) for i, (arm, repeat) in enumerate(order, 1)]
+    started, runs = time.perf_counter(), []
+    for i, (arm, repeat) in enumerate(order, 1):
+        elapsed = time.perf_counter() - started
+        if plan.deadline and runs and elapsed + runs[-1].wall_s > plan.deadline:
+            print(f"[{i}/{len(order)}] {arm.name} (repeat {repeat}): skipped (--deadline)", file=stream)
+            continue
+        runs.append(run_once(arm, repeat, i, plan, progress))
+    return runs
 
 
 def result(arms: Sequence[Arm], plan: Plan, runs: Sequence[Run], notes: Sequence[str]) -> dict[str, Any]:

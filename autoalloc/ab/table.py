@@ -182,7 +182,7 @@ def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off") -> str:
+def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off", notes: bool = True) -> str:
     """The side-by-side table of an A/B, its notes and its verdict."""
     arms = {name: [run["figures"] for run in runs] for name, runs in result["runs_by_arm"].items()}
     rows = compare(arms, a, b)
@@ -200,7 +200,8 @@ def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off") -> str:
         es = sorted({str(r.get("expandable_segments")) for r in arms.get(name, ())})
         ok = sum(1 for r in arms.get(name, ()) if not r.get("failed"))
         lines.append(f"{name}: {ok}/{len(arms.get(name, ()))} runs ok; torch reported expandable_segments={'/'.join(es)}")
-    lines.extend(f"note: {note}" for note in result.get("notes", ()))
+    if notes:
+        lines.extend(f"note: {note}" for note in result.get("notes", ()))
     if cpu:
         lines.append("CPU: no ratios; this checked the plumbing (arms, stop, reports), figures need a GPU")
     lines.append("verdict: " + verdict(arms, a, b))
