@@ -1,4 +1,5 @@
-"""The ``autoalloc`` command (also ``python -m autoalloc``): explain, doctor, init, check, ab, report, bench."""
+"""The ``autoalloc`` command (``python -m autoalloc``): explain, doctor, init, check, ab, report,
+bench."""
 
 from __future__ import annotations
 
@@ -143,11 +144,12 @@ def ab_parser() -> argparse.ArgumentParser:
         description=AB_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--steps", type=int, default=50, help="optimizer steps measured after the warm-up (default 50)")
-    p.add_argument("--warmup", type=int, default=20, help="warm-up steps left out of the figures (default 20)")
-    p.add_argument("--repeat", type=int, default=2, help="runs per arm, interleaved (default 2)")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds one run may take (default 1800)")
-    p.add_argument("--out", default="autoalloc-ab", help="directory for logs, reports, ab.json, ab.png")
+    add = p.add_argument
+    add("--steps", type=int, default=50, help="optimizer steps measured after the warm-up (50)")
+    add("--warmup", type=int, default=20, help="warm-up steps left out of the figures (20)")
+    add("--repeat", type=int, default=2, help="runs per arm, interleaved (2)")
+    add("--timeout", type=float, default=1800, help="seconds one run may take (1800)")
+    add("--out", default="autoalloc-ab", help="directory for logs, reports, ab.json, ab.png")
     return p
 
 
@@ -164,7 +166,8 @@ def _cmd_ab(argv: list[str]) -> int:
     arms = ab_arms.ab_arms(command, explain(command), os.environ)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
-    plan = runner.Plan(max(1, args.steps), max(1, args.warmup), max(1, args.repeat), args.timeout, args.out)
+    steps, warmup, repeat = max(1, args.steps), max(1, args.warmup), max(1, args.repeat)
+    plan = runner.Plan(steps, warmup, repeat, args.timeout, args.out)
     runs = runner.run_all(arms, plan)
     data = runner.result(arms, plan, runs, [])
     text = table.render_ab(data)
@@ -174,7 +177,8 @@ def _cmd_ab(argv: list[str]) -> int:
     with open(os.path.join(args.out, "ab.json"), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
     print(text)
-    print(f"wrote {os.path.join(args.out, 'ab.json')}" + (f" and {png}" if png else " (no PNG: no matplotlib)"))
+    written = f" and {png}" if png else " (no PNG: matplotlib is not installed)"
+    print(f"wrote {os.path.join(args.out, 'ab.json')}{written}")
     return 1 if any(run.failed for run in runs) else 0
 
 
@@ -263,7 +267,7 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser(
         "report",
         help="render AUTOALLOC_REPORT files as a table",
-        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files, or directories of them).",
+        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
     )
     r.add_argument("paths", nargs="+", metavar="PATH")
     r.add_argument("--json", action="store_true", help="the reports as one JSON list")

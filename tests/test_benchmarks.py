@@ -1,4 +1,4 @@
-"""The benchmarks keep working: ``benchmarks/startup.py --quick`` and ``autoalloc bench``'s CPU smoke path.
+"""The benchmarks keep working: ``benchmarks/startup.py --quick``, ``autoalloc bench``'s CPU smoke.
 
 These run the real scripts end to end but never assert a timing: the figures belong in
 README's Performance section, measured on purpose, not in a test on a busy machine.
@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,14 @@ HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
 def run(args: list[str], tmp_path: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     (tmp_path / "home").mkdir(exist_ok=True)
-    return subprocess.run([PY, *args], cwd=tmp_path, env=clean_env(tmp_path), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [PY, *args],
+        cwd=tmp_path,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 # ---------------------------------------------------------------------------- benchmarks/startup.py
@@ -35,7 +41,14 @@ def run(args: list[str], tmp_path: Path, timeout: float = 600) -> subprocess.Com
 def test_startup_benchmark_quick(tmp_path: Path) -> None:
     out = tmp_path / "startup.json"
     result = run(
-        [str(REPO / "benchmarks" / "startup.py"), "--quick", "--venv", str(tmp_path / "venv"), "--json", str(out)],
+        [
+            str(REPO / "benchmarks" / "startup.py"),
+            "--quick",
+            "--venv",
+            str(tmp_path / "venv"),
+            "--json",
+            str(out),
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -80,7 +93,9 @@ def test_startup_benchmark_quick(tmp_path: Path) -> None:
 
 
 def test_bench_help() -> None:
-    result = subprocess.run([PY, "-m", "autoalloc", "bench", "--help"], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [PY, "-m", "autoalloc", "bench", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert "usage: autoalloc bench" in result.stdout and "--quick" in result.stdout
 
@@ -106,7 +121,18 @@ def test_bench_smoke_every_arm(tmp_path: Path) -> None:
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     flags = ["--smoke"] if gpu else []
     result = run(
-        ["-m", "autoalloc", "bench", *flags, "--out", str(tmp_path / "work"), "--json", str(out), "--png", str(png)],
+        [
+            "-m",
+            "autoalloc",
+            "bench",
+            *flags,
+            "--out",
+            str(tmp_path / "work"),
+            "--json",
+            str(out),
+            "--png",
+            str(png),
+        ],
         tmp_path,
     )
     assert result.returncode == 0, result.stdout + result.stderr
@@ -124,7 +150,10 @@ def test_bench_smoke_every_arm(tmp_path: Path) -> None:
         assert report["steps"] == smoke["steps"] + smoke["warmup"] and report["ended_by"] == "stop"
         assert report["allocator_settings"]["expandable_segments"] is command.ARMS[name][2], name
     on = data["runs_by_arm"]["on"][0]["reports"][0]["decision"]
-    assert on["rule"] == command.HOOK_RULE and on["AUTOALLOC_APPLIED"] == f"{command.HOOK_RULE};expandable_segments:True"
+    assert (
+        on["rule"] == command.HOOK_RULE
+        and on["AUTOALLOC_APPLIED"] == f"{command.HOOK_RULE};expandable_segments:True"
+    )
     assert data["bench"]["schedule"]["kind"] == "dynamic"
     assert data["bench"]["checks"] == []  # the GPU goals are not judged on a CPU
     assert "CPU: no ratios" in result.stdout and "checked the plumbing" in result.stdout
@@ -141,7 +170,15 @@ def test_bench_check_settings_every_arm(tmp_path: Path, torch_python: str) -> No
     and it needs no GPU.
     """
     result = subprocess.run(
-        [torch_python, "-m", "autoalloc", "bench", "--check-settings", "--out", str(tmp_path / "w")],
+        [
+            torch_python,
+            "-m",
+            "autoalloc",
+            "bench",
+            "--check-settings",
+            "--out",
+            str(tmp_path / "w"),
+        ],
         cwd=tmp_path,
         env=clean_env(tmp_path),
         capture_output=True,
@@ -164,12 +201,20 @@ def test_bench_unknown_arm_is_an_error(tmp_path: Path) -> None:
 
 
 def test_bench_arm_environments(tmp_path: Path) -> None:
-    arms = {a.name: a for a in command.make_arms(list(command.ARMS), ["py", "-m", command.WORKLOAD], "/p.toml")}
+    arms = {
+        a.name: a
+        for a in command.make_arms(list(command.ARMS), ["py", "-m", command.WORKLOAD], "/p.toml")
+    }
     base = {"PYTORCH_ALLOC_CONF": "max_split_size_mb:64", "AUTOALLOC_DISABLE": "1", "HOME": "/h"}
     on = arms["on"].environ(base)
-    assert on == {"HOME": "/h", "AUTOALLOC_CONFIG": "/p.toml"}  # the hook decides; the user's variables go
+    assert on == {
+        "HOME": "/h",
+        "AUTOALLOC_CONFIG": "/p.toml",
+    }  # the hook decides; the user's variables go
     assert arms["off"].environ(base)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:False"
-    assert arms["setter"].command[-1] == "--setter" and "PYTORCH_CUDA_ALLOC_CONF" not in arms["setter"].environ(base)
+    assert arms["setter"].command[-1] == "--setter" and "PYTORCH_CUDA_ALLOC_CONF" not in arms[
+        "setter"
+    ].environ(base)
     assert arms["static-on"].environ(base)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert arms["static-off"].command[-1] == "--static"
     # a policy file autoalloc itself accepts, whose rule matches the workload module
@@ -196,10 +241,14 @@ def test_dynamic_schedule_follows_lhotse_semantics() -> None:
         b = batch["bucket"]
         assert len(batch["durations"]) == sizes[b]
         low = bounds[b - 1] if b else 0.0
-        assert all(1.0 <= d <= 35.0 and low - 0.01 <= d <= bounds[b] + 0.01 for d in batch["durations"])
+        assert all(
+            1.0 <= d <= 35.0 and low - 0.01 <= d <= bounds[b] + 0.01 for d in batch["durations"]
+        )
     buckets = [batch["bucket"] for batch in s["batches"]]
     assert len(set(buckets)) > 20  # most buckets appear ...
-    assert sum(a != b for a, b in zip(buckets, buckets[1:])) > 250  # ... in random order: shapes change nearly every step
+    assert (
+        sum(a != b for a, b in zip(buckets, buckets[1:])) > 250
+    )  # ... in random order: shapes change nearly every step
     summary = schedule.schedule_summary(s)
     assert summary["distinct_shapes"] > 100 and summary["steps"] == 300
     other = schedule.make_schedule(300, 600.0, 30, seed=8)
@@ -218,7 +267,9 @@ def test_static_and_probe_schedules() -> None:
     assert len({(len(b["durations"]), max(b["durations"])) for b in static["batches"]}) == 1
     dynamic = schedule.make_schedule(50, 600.0, 30, seed=3)
     probe = schedule.probe_schedule(dynamic)
-    assert len(probe["batches"]) == 31  # each bucket's worst case, then the first again (optimizer state exists)
+    assert (
+        len(probe["batches"]) == 31
+    )  # each bucket's worst case, then the first again (optimizer state exists)
     for batch in probe["batches"][:30]:
         b = batch["bucket"]
         assert batch["durations"] == [dynamic["bucket_bounds"][b]] * dynamic["batch_sizes"][b]
@@ -253,7 +304,9 @@ def test_tiny_model_step_on_cpu() -> None:
     generator = torch.Generator().manual_seed(0)
     frames, tokens = schedule.batch_shape([3.0, 2.2])
     before = [p.detach().clone() for p in net.parameters()]
-    loss = model.train_step(torch, net, optimizer, frames, tokens, cfg, torch.device("cpu"), generator)
+    loss = model.train_step(
+        torch, net, optimizer, frames, tokens, cfg, torch.device("cpu"), generator
+    )
     assert loss == loss and loss > 0  # finite CTC loss
     assert any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))
     x = torch.randn(2, 301, cfg["n_mels"])

@@ -29,7 +29,12 @@ def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def run(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [PY, *args], cwd=tmp_path, env=env_for(tmp_path, **extra), capture_output=True, text=True, timeout=300
+        [PY, *args],
+        cwd=tmp_path,
+        env=env_for(tmp_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -82,14 +87,18 @@ def test_report_written_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
         assert process.returncode == -signal.SIGTERM
     else:
         assert process.stderr is not None
-        assert process.returncode != 0 and process.stderr.read().rstrip().endswith("KeyboardInterrupt")
+        assert process.returncode != 0 and process.stderr.read().rstrip().endswith(
+            "KeyboardInterrupt"
+        )
     report = json.loads(out.read_text())
     assert report["steps"] == 4 and report["ended_by"] == sig.name
 
 
 def test_no_report_without_torch_and_nothing_registered_when_unset(tmp_path: Path) -> None:
     directory = tmp_path / "reports"
-    assert run(["-c", "import json"], tmp_path, AUTOALLOC_REPORT=str(directory) + "/").returncode == 0
+    assert (
+        run(["-c", "import json"], tmp_path, AUTOALLOC_REPORT=str(directory) + "/").returncode == 0
+    )
     assert not directory.exists() or not list(directory.iterdir())
     code = (
         "import sys, torch, torch.optim.optimizer as o; "
@@ -109,7 +118,12 @@ def test_report_to_stderr(tmp_path: Path) -> None:
 
 def test_stop_after_ends_the_process_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    result = run([TINY, "50", "--workers", "2"], tmp_path, AUTOALLOC_REPORT=str(out), AUTOALLOC_AB_STOP_AFTER="3")
+    result = run(
+        [TINY, "50", "--workers", "2"],
+        tmp_path,
+        AUTOALLOC_REPORT=str(out),
+        AUTOALLOC_AB_STOP_AFTER="3",
+    )
     assert result.returncode == 0, result.stderr
     assert "FINISHED" not in result.stdout and "Traceback" not in result.stderr
     report = json.loads(out.read_text())
@@ -143,10 +157,18 @@ def test_directory_gets_one_file_per_torchrun_rank(tmp_path: Path) -> None:
 
 def test_report_path_and_settings_helpers(tmp_path: Path) -> None:
     assert recorder.report_path("-", 1, {}) is None
-    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 0}) == str(tmp_path / "a.json")
-    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 2}) == str(tmp_path / "a-rank2.json")
+    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 0}) == str(
+        tmp_path / "a.json"
+    )
+    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 2}) == str(
+        tmp_path / "a-rank2.json"
+    )
     inside = recorder.report_path(str(tmp_path), 42, {"RANK": 1})
-    assert inside is not None and inside.startswith(str(tmp_path)) and inside.endswith("-42-rank1.json")
+    assert (
+        inside is not None
+        and inside.startswith(str(tmp_path))
+        and inside.endswith("-42-rank1.json")
+    )
     assert recorder.parse_es("max_split_size_mb:64,expandable_segments:True") is True
     assert recorder.parse_es("expandable_segments:True,expandable_segments:False") is False
     assert recorder.parse_es(None) is None

@@ -32,7 +32,9 @@ def main() -> int:
     p.add_argument("--fail-when", help="exit 3 when PYTORCH_CUDA_ALLOC_CONF contains this")
     args = p.parse_args()
     torch.set_num_threads(1)
-    if args.fail_when is not None and args.fail_when in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""):
+    if args.fail_when is not None and args.fail_when in os.environ.get(
+        "PYTORCH_CUDA_ALLOC_CONF", ""
+    ):
         print("tiny_train: failing on purpose", file=sys.stderr)
         return 3
     model = torch.nn.Linear(8, 1)

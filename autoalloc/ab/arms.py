@@ -39,17 +39,21 @@ class Arm:
 
 
 def merged(env: Mapping[str, str], var: str, options: Mapping[str, str]) -> tuple[str, str]:
-    """``options`` merged over what ``var`` holds (ours win); the value and a note if unparseable."""
+    """``options`` merged over ``var``'s value (ours win); the value, and a note if unparseable."""
     existing = env.get(var, "")
     try:
         pairs = allocconf.parse(existing)
     except allocconf.ConfError as exc:
-        return allocconf.serialize(dict(options)), f"{var}={existing!r} is not parseable ({exc}): replaced"
+        return allocconf.serialize(
+            dict(options)
+        ), f"{var}={existing!r} is not parseable ({exc}): replaced"
     value, _ = allocconf.merge(pairs, options, override=True)
     return allocconf.serialize(value), ""
 
 
-def ab_arms(command: Sequence[str], explained: Mapping[str, Any], env: Mapping[str, str]) -> list[Arm]:
+def ab_arms(
+    command: Sequence[str], explained: Mapping[str, Any], env: Mapping[str, str]
+) -> list[Arm]:
     """The on and off arms for ``command``, from the ``explain`` report of it."""
     decision = explained["decision"]
     var = decision.get("read_var") or allocconf.CUDA_VAR

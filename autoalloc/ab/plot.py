@@ -26,7 +26,9 @@ def plot(result: Mapping[str, Any], path: str, title: str) -> str | None:
             report = primary(run["reports"])
             if report is None:
                 continue
-            _lines(ax_time, ax_mem, report, color, STYLES[number % len(STYLES)], f"{arm} #{number + 1}")
+            _lines(
+                ax_time, ax_mem, report, color, STYLES[number % len(STYLES)], f"{arm} #{number + 1}"
+            )
     warmup = result["plan"]["warmup"]
     for ax in (ax_time, ax_mem):
         ax.axvspan(0.5, warmup + 0.5, color="0.92", zorder=0)
@@ -37,20 +39,40 @@ def plot(result: Mapping[str, Any], path: str, title: str) -> str | None:
     ax_mem.set_ylabel("reserved at step end (GiB)")
     ax_mem.set_xlabel("optimizer step (shaded: warm-up)")
     if not ax_mem.lines:
-        ax_mem.text(0.5, 0.5, "no CUDA memory statistics (the runs did not use CUDA)",
-                    ha="center", va="center", transform=ax_mem.transAxes)
+        ax_mem.text(
+            0.5,
+            0.5,
+            "no CUDA memory statistics (the runs did not use CUDA)",
+            ha="center",
+            va="center",
+            transform=ax_mem.transAxes,
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
-def _lines(ax_time: Any, ax_mem: Any, report: Mapping[str, Any], color: str, style: str, label: str) -> None:
+def _lines(
+    ax_time: Any, ax_mem: Any, report: Mapping[str, Any], color: str, style: str, label: str
+) -> None:
     ends = report.get("step_ends_s") or []
     steps = list(range(2, len(ends) + 1))
-    ax_time.plot(steps, [1000 * (ends[i] - ends[i - 1]) for i in range(1, len(ends))],
-                 style, color=color, label=label, linewidth=1)
+    ax_time.plot(
+        steps,
+        [1000 * (ends[i] - ends[i - 1]) for i in range(1, len(ends))],
+        style,
+        color=color,
+        label=label,
+        linewidth=1,
+    )
     cuda = report.get("cuda_steps") or []
     if cuda:
-        ax_mem.plot([s["step"] for s in cuda], [s["reserved"] / GIB for s in cuda],
-                    style, color=color, label=label, linewidth=1)
+        ax_mem.plot(
+            [s["step"] for s in cuda],
+            [s["reserved"] / GIB for s in cuda],
+            style,
+            color=color,
+            label=label,
+            linewidth=1,
+        )

@@ -77,7 +77,7 @@ def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
 
 
 def parse_es(raw: str | None) -> bool | None:
-    """``expandable_segments`` in a raw allocator string (the last one wins, as in torch's parser)."""
+    """``expandable_segments`` in a raw allocator string (the last one wins, as in torch)."""
     if raw is None:
         return None
     value = False
@@ -104,7 +104,9 @@ def allocator_settings(torch: Any) -> dict[str, Any]:
     if getattr(torch.version, "cuda", None) and _snapshot_is_cheap(torch):
         try:
             settings = torch.cuda.memory._snapshot()["allocator_settings"]
-            out["snapshot"] = {k: v if isinstance(v, (bool, int, float)) else str(v) for k, v in settings.items()}
+            out["snapshot"] = {
+                k: v if isinstance(v, (bool, int, float)) else str(v) for k, v in settings.items()
+            }
             out["expandable_segments"] = bool(settings["expandable_segments"])
             out["source"] = 'torch.cuda.memory._snapshot()["allocator_settings"]'
         except Exception as exc:
@@ -173,7 +175,9 @@ class Recorder:
         self.ends.append(now - self.t0)
         if self.steps >= self.warmup:
             self._sample()
-        if self.progress and (now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total):
+        if self.progress and (
+            now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
+        ):
             self._write_progress(now)
         self.hook_s += time.perf_counter() - now
         if self.stop_total is not None and self.steps >= self.stop_total:
@@ -320,7 +324,9 @@ def install(torch: Any | None = None) -> Recorder | None:
     torch = torch if torch is not None else sys.modules["torch"]
     import torch.optim.optimizer as optimizer_module
 
-    recorder = Recorder(torch, target, _int_env(WARMUP_VAR, DEFAULT_WARMUP) or 0, _int_env(STOP_VAR, None))
+    recorder = Recorder(
+        torch, target, _int_env(WARMUP_VAR, DEFAULT_WARMUP) or 0, _int_env(STOP_VAR, None)
+    )
     recorder.handle = optimizer_module.register_optimizer_step_post_hook(recorder.on_step)
     atexit.register(recorder.write)
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -77,11 +77,19 @@ class Progress:
         if self.tty:
             done = min(1.0, steps / self.total_steps) if self.total_steps else 0.0
             bar = "#" * int(done * 30)
-            self.stream.write(f"\r{head}[{bar:<30}] step {steps}/{self.total_steps} {elapsed:5.0f} s ")
+            self.stream.write(
+                f"\r{head}[{bar:<30}] step {steps}/{self.total_steps} {elapsed:5.0f} s "
+            )
             self.stream.flush()
-        elif steps != self.last_steps and (elapsed - self.last_line >= 5 or steps >= self.total_steps):
+        elif steps != self.last_steps and (
+            elapsed - self.last_line >= 5 or steps >= self.total_steps
+        ):
             self.last_line, self.last_steps = elapsed, steps
-            print(f"{head}step {steps}/{self.total_steps} after {elapsed:.0f} s", file=self.stream, flush=True)
+            print(
+                f"{head}step {steps}/{self.total_steps} after {elapsed:.0f} s",
+                file=self.stream,
+                flush=True,
+            )
 
     def done(self, index: int, run: Run) -> None:
         steps = max((r.get("steps", 0) for r in run.reports), default=0)
@@ -132,7 +140,9 @@ def _end(process: subprocess.Popen[bytes]) -> None:
             continue
 
 
-def run_environment(arm: Arm, plan: Plan, directory: str, base: Mapping[str, str]) -> dict[str, str]:
+def run_environment(
+    arm: Arm, plan: Plan, directory: str, base: Mapping[str, str]
+) -> dict[str, str]:
     env = arm.environ(base)
     env[REPORT_VAR] = os.path.join(directory, "reports") + os.sep
     env[WARMUP_VAR] = str(plan.warmup)
@@ -143,7 +153,7 @@ def run_environment(arm: Arm, plan: Plan, directory: str, base: Mapping[str, str
 
 
 def run_once(arm: Arm, repeat: int, index: int, plan: Plan, progress: Progress) -> Run:
-    """One run of ``arm``: start it, follow its progress, end it at the timeout, read its reports."""
+    """One run of ``arm``: start it, follow it, end it at the timeout, read its reports."""
     directory = os.path.join(os.path.abspath(plan.out), "runs", f"{arm.name}-{repeat}")
     os.makedirs(os.path.join(directory, "reports"), exist_ok=True)
     for stale in os.listdir(os.path.join(directory, "reports")):
@@ -151,12 +161,17 @@ def run_once(arm: Arm, repeat: int, index: int, plan: Plan, progress: Progress) 
     env = run_environment(arm, plan, directory, os.environ)
     run = Run(arm.name, repeat, list(arm.command), directory=directory)
     started = time.perf_counter()
-    with open(os.path.join(directory, "stdout.log"), "wb") as out, open(
-        os.path.join(directory, "stderr.log"), "wb"
-    ) as err:
+    with (
+        open(os.path.join(directory, "stdout.log"), "wb") as out,
+        open(os.path.join(directory, "stderr.log"), "wb") as err,
+    ):
         try:
             process = subprocess.Popen(
-                list(arm.command), env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                list(arm.command),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
                 start_new_session=True,  # the whole job (torchrun's ranks, workers) ends together
             )
         except OSError as exc:
@@ -173,7 +188,12 @@ def run_once(arm: Arm, repeat: int, index: int, plan: Plan, progress: Progress) 
 
 
 def _follow(
-    process: subprocess.Popen[bytes], run: Run, index: int, plan: Plan, progress: Progress, started: float
+    process: subprocess.Popen[bytes],
+    run: Run,
+    index: int,
+    plan: Plan,
+    progress: Progress,
+    started: float,
 ) -> tuple[int | None, bool]:
     progress_file = os.path.join(run.directory, "progress")
     total = plan.steps + plan.warmup
@@ -184,7 +204,9 @@ def _follow(
             except subprocess.TimeoutExpired:
                 pass
             elapsed = time.perf_counter() - started
-            progress.update(index, run.arm, run.repeat, min(total, _read_steps(progress_file)), elapsed)
+            progress.update(
+                index, run.arm, run.repeat, min(total, _read_steps(progress_file)), elapsed
+            )
             if elapsed > plan.timeout:
                 _end(process)
                 return process.returncode, True
@@ -201,13 +223,18 @@ def run_all(arms: Sequence[Arm], plan: Plan, stream: TextIO = sys.stderr) -> lis
     for i, (arm, repeat) in enumerate(order, 1):
         elapsed = time.perf_counter() - started
         if plan.deadline and runs and elapsed + runs[-1].wall_s > plan.deadline:
-            print(f"[{i}/{len(order)}] {arm.name} (repeat {repeat}): skipped (--deadline)", file=stream)
+            print(
+                f"[{i}/{len(order)}] {arm.name} (repeat {repeat}): skipped (--deadline)",
+                file=stream,
+            )
             continue
         runs.append(run_once(arm, repeat, i, plan, progress))
     return runs
 
 
-def result(arms: Sequence[Arm], plan: Plan, runs: Sequence[Run], notes: Sequence[str]) -> dict[str, Any]:
+def result(
+    arms: Sequence[Arm], plan: Plan, runs: Sequence[Run], notes: Sequence[str]
+) -> dict[str, Any]:
     """The A/B as data (the JSON): plan, arms, every run with its figures, notes."""
     from autoalloc.ab.table import run_figures
 
@@ -225,8 +252,10 @@ def result(arms: Sequence[Arm], plan: Plan, runs: Sequence[Run], notes: Sequence
     }
 
 
-def run_notes(arms: Sequence[Arm], plan: Plan, by_arm: Mapping[str, list[dict[str, Any]]]) -> list[str]:
-    """What the reader must know: failures (exit code, last stderr lines), no steps, settings, ranks."""
+def run_notes(
+    arms: Sequence[Arm], plan: Plan, by_arm: Mapping[str, list[dict[str, Any]]]
+) -> list[str]:
+    """What the reader must know: failures (exit code, stderr), no steps, settings, ranks."""
     notes = []
     intents = {arm.name: arm.intent for arm in arms}
     for name, runs in by_arm.items():
@@ -234,17 +263,25 @@ def run_notes(arms: Sequence[Arm], plan: Plan, by_arm: Mapping[str, list[dict[st
             fig, tag = run["figures"], f"{name} run {run['repeat']}"
             if fig["failed"]:
                 tail = "\n    ".join(run["stderr_tail"][-6:])
-                notes.append(f"{tag} FAILED with exit code {run['returncode']}; last stderr lines:\n    {tail}")
+                notes.append(
+                    f"{tag} FAILED with exit code {run['returncode']}; "
+                    f"last stderr lines:\n    {tail}"
+                )
             elif run["timed_out"] and not fig["steps"]:
                 notes.append(
-                    f"{tag}: no optimizer step was seen in {plan.timeout:.0f} s (--timeout): the command never "
-                    "called torch.optim's Optimizer.step, so step times cannot be compared; the comparison "
+                    f"{tag}: no optimizer step was seen in {plan.timeout:.0f} s (--timeout): "
+                    "the command never called torch.optim's Optimizer.step, so step times "
+                    "cannot be compared; the comparison "
                     "is about memory only"
                 )
             elif run["timed_out"]:
-                notes.append(f"{tag}: timed out after {fig['steps']} steps (of {plan.warmup + plan.steps})")
+                notes.append(
+                    f"{tag}: timed out after {fig['steps']} steps (of {plan.warmup + plan.steps})"
+                )
             seen, intent = fig.get("expandable_segments"), intents.get(name)
             if intent is not None and seen is not None and seen != intent:
-                notes.append(f"{tag}: torch reported expandable_segments={seen}, the arm intended {intent}")
+                notes.append(
+                    f"{tag}: torch reported expandable_segments={seen}, the arm intended {intent}"
+                )
             notes.extend(f"{tag}: {flag}" for flag in fig.get("rank_flags", ()))
     return notes

@@ -67,7 +67,7 @@ def primary(reports: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
 
 
 def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
-    """Ranks whose step count or allocator setting differ from rank 0's, or whose step time does by >20%."""
+    """Ranks whose step count or setting differ from rank 0's, or whose step time does by >20%."""
     main = primary(reports)
     if main is None or len(reports) < 2:
         return []
@@ -129,7 +129,7 @@ def ratios(on: Sequence[Figures], off: Sequence[Figures], key: str) -> list[floa
 
 
 def compare(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off") -> dict[str, Any]:
-    """Per row: each arm's value (median over its runs), the ratio a/b and its spread over repeats."""
+    """Per row: each arm's value (median of its runs), the ratio a/b, its spread over repeats."""
     rows = {}
     for _, key, _ in ROWS:
         va, vb = arm_value(arms.get(a, ()), key), arm_value(arms.get(b, ()), key)
@@ -152,7 +152,8 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
         return f"no comparison: every run of the {a if not ok_on else b} arm failed"
     if not any(r.get("cuda") for r in [*ok_on, *ok_off]):
         return (
-            "no comparison: the command ran on the CPU, where the CUDA allocator option does nothing; "
+            "no comparison: the command ran on the CPU, where the CUDA allocator option "
+            "does nothing; "
             "this run checked the plumbing only, figures need a GPU"
         )
     if not any(r.get("measured_steps") for r in [*ok_on, *ok_off]):
@@ -167,10 +168,13 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
             f"(use --repeat 2 or more){mallocs}"
         )
     if max(meds_a) < min(meds_b):
-        return f"{a} is faster: step time x{ratio:.3f} (every {a} run faster than every {b} run){mallocs}"
+        return f"{a} is faster: step time x{ratio:.3f} (every {a} run beat every {b} run){mallocs}"
     if min(meds_a) > max(meds_b):
-        return f"{a} is slower: step time x{ratio:.3f} (every {a} run slower than every {b} run){mallocs}"
-    return f"no measurable difference in step time (x{ratio:.3f}; the spread across repeats covers it){mallocs}"
+        return f"{a} is slower: step time x{ratio:.3f} (every {b} run beat every {a} run){mallocs}"
+    return (
+        f"no measurable difference in step time (x{ratio:.3f}; the spread across repeats "
+        f"covers it){mallocs}"
+    )
 
 
 def _mallocs(on: Sequence[Figures], off: Sequence[Figures], a: str, b: str) -> str:
@@ -194,16 +198,23 @@ def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off", notes: b
         line = f"{label:<24}{_cell(row[a], spec):>12}{_cell(row[b], spec):>12}"
         if not cpu and row["ratio"] is not None:
             spread = row["spread"]
-            line += f"{row['ratio']:>10.3f}" + (f"  {spread[0]:.3f}-{spread[1]:.3f}" if spread else "")
+            line += f"{row['ratio']:>10.3f}" + (
+                f"  {spread[0]:.3f}-{spread[1]:.3f}" if spread else ""
+            )
         lines.append(line)
     for name in (a, b):
         es = sorted({str(r.get("expandable_segments")) for r in arms.get(name, ())})
         ok = sum(1 for r in arms.get(name, ()) if not r.get("failed"))
-        lines.append(f"{name}: {ok}/{len(arms.get(name, ()))} runs ok; torch reported expandable_segments={'/'.join(es)}")
+        lines.append(
+            f"{name}: {ok}/{len(arms.get(name, ()))} runs ok; "
+            f"torch reported expandable_segments={'/'.join(es)}"
+        )
     if notes:
         lines.extend(f"note: {note}" for note in result.get("notes", ()))
     if cpu:
-        lines.append("CPU: no ratios; this checked the plumbing (arms, stop, reports), figures need a GPU")
+        lines.append(
+            "CPU: no ratios; this checked the plumbing (arms, stop, reports), figures need a GPU"
+        )
     lines.append("verdict: " + verdict(arms, a, b))
     return "\n".join(lines)
 
@@ -227,9 +238,12 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
             f"{_cell(fig['steps_per_s'], '.2f'):>9}{_cell(fig['step_ms_median'], '.1f'):>8}"
             f"{_cell(fig['step_ms_p95'], '.1f'):>8}{_cell(fig.get('mallocs_per_step'), '.2f'):>8}"
             f"{_cell(fig.get('retries'), 'd'):>8}{_cell(fig.get('ooms'), 'd'):>5}"
-            f"{_cell(fig.get('peak_reserved_gib'), '.2f'):>9}{_cell(fig.get('peak_allocated_gib'), '.2f'):>10}"
+            f"{_cell(fig.get('peak_reserved_gib'), '.2f'):>9}"
+            f"{_cell(fig.get('peak_allocated_gib'), '.2f'):>10}"
             f"  {fig['expandable_segments']!s:<6} {what}"
         )
     devices = sorted({str(r.get("device_name")) for r in reports})
-    lines.append(f"device: {', '.join(devices)}; step time: wall time from the previous optimizer step's end")
+    lines.append(
+        f"device: {', '.join(devices)}; step time: wall time from the previous optimizer step's end"
+    )
     return "\n".join(lines)

@@ -5,16 +5,21 @@ torch is imported inside the functions: importing this module costs nothing.
 
 from __future__ import annotations
 
-from typing import Any
-
 MODEL_KEYS = (
-    "d_model", "layers", "heads", "ffn", "conv_kernel", "subsampling_channels", "vocab", "n_mels", "dropout",
+    "d_model",
+    "layers",
+    "heads",
+    "ffn",
+    "conv_kernel",
+    "subsampling_channels",
+    "vocab",
+    "n_mels",
+    "dropout",
 )
 
 
-
 def build_model(cfg: dict):
-    """A Conformer-style CTC encoder in plain PyTorch: conv subsampling, macaron FFN, MHSA, conv module.
+    """A Conformer-style CTC encoder: conv subsampling, macaron FFN, MHSA, conv module.
 
     Simplifications that do not change the allocator's workload: absolute positions (no
     relative positional encoding) and no attention padding mask (plain SDPA).
@@ -29,7 +34,9 @@ def build_model(cfg: dict):
         def __init__(self) -> None:
             super().__init__()
             c = cfg["subsampling_channels"]
-            self.conv = nn.Sequential(nn.Conv2d(1, c, 3, 2, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1), nn.ReLU())
+            self.conv = nn.Sequential(
+                nn.Conv2d(1, c, 3, 2, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1), nn.ReLU()
+            )
             freq = ((cfg["n_mels"] - 1) // 2 + 1 - 1) // 2 + 1
             self.out = nn.Linear(c * freq, d)
 
@@ -45,7 +52,12 @@ def build_model(cfg: dict):
         def __init__(self) -> None:
             super().__init__()
             self.net = nn.Sequential(
-                nn.LayerNorm(d), nn.Linear(d, cfg["ffn"]), nn.SiLU(), nn.Dropout(p), nn.Linear(cfg["ffn"], d), nn.Dropout(p)
+                nn.LayerNorm(d),
+                nn.Linear(d, cfg["ffn"]),
+                nn.SiLU(),
+                nn.Dropout(p),
+                nn.Linear(cfg["ffn"], d),
+                nn.Dropout(p),
             )
 
         def forward(self, x):
@@ -84,7 +96,12 @@ def build_model(cfg: dict):
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ff1, self.attn, self.conv, self.ff2 = FeedForward(), SelfAttention(), ConvModule(), FeedForward()
+            self.ff1, self.attn, self.conv, self.ff2 = (
+                FeedForward(),
+                SelfAttention(),
+                ConvModule(),
+                FeedForward(),
+            )
             self.norm = nn.LayerNorm(d)
 
         def forward(self, x):
@@ -110,7 +127,9 @@ def build_model(cfg: dict):
     return Encoder()
 
 
-def train_step(torch, model, optimizer, frames: list[int], tokens: list[int], cfg: dict, device, generator) -> float:
+def train_step(
+    torch, model, optimizer, frames: list[int], tokens: list[int], cfg: dict, device, generator
+) -> float:
     """One optimizer step on a synthetic batch; the loss."""
     from torch.nn import functional as F
 
@@ -127,4 +146,3 @@ def train_step(torch, model, optimizer, frames: list[int], tokens: list[int], cf
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss.detach())
-

@@ -1,4 +1,4 @@
-"""The batch schedule of the synthetic ASR workload: duration-bucketed batches, as Lhotse draws them.
+"""The synthetic ASR workload's batch schedule: duration-bucketed batches, as Lhotse draws them.
 
 Utterance durations are LibriSpeech-like (log-normal, 1-35 s); buckets are duration
 quantiles; a bucket emits a batch when it holds ``max_duration / bucket maximum``
@@ -16,6 +16,7 @@ FRAMES_PER_SECOND = 100  # 10 ms feature hop
 TOKENS_PER_SECOND = 4.0
 MIN_DURATION, MAX_DURATION = 1.0, 35.0
 
+
 def draw_duration(rng: random.Random) -> float:
     """A LibriSpeech-like utterance duration in seconds: log-normal, clipped to 1-35 s."""
     return min(MAX_DURATION, max(MIN_DURATION, rng.lognormvariate(math.log(12.0), 0.5)))
@@ -27,16 +28,24 @@ def effective(duration: float, quadratic: float | None) -> float:
 
 
 def bucket_bounds(num_buckets: int, seed: int) -> list[float]:
-    """Upper duration bound of each bucket: quantiles of a sample (Lhotse's estimate_duration_bins)."""
+    """Each bucket's upper bound: quantiles of a sample (Lhotse's estimate_duration_bins)."""
     rng = random.Random(seed + 1)
     sample = sorted(draw_duration(rng) for _ in range(20000))
-    bounds = [sample[min(len(sample) - 1, (len(sample) * (i + 1)) // num_buckets)] for i in range(num_buckets)]
+    bounds = [
+        sample[min(len(sample) - 1, (len(sample) * (i + 1)) // num_buckets)]
+        for i in range(num_buckets)
+    ]
     bounds[-1] = MAX_DURATION
     return bounds
 
 
 def make_schedule(
-    steps: int, max_duration: float, num_buckets: int, seed: int, quadratic: float | None = None, static: bool = False
+    steps: int,
+    max_duration: float,
+    num_buckets: int,
+    seed: int,
+    quadratic: float | None = None,
+    static: bool = False,
 ) -> dict:
     """The batch schedule every arm replays: one list of utterance durations per step.
 
@@ -93,7 +102,9 @@ def schedule_summary(schedule: dict) -> dict:
         "steps": len(schedule["batches"]),
         "distinct_shapes": len(shapes),
         "batch_size_range": [min(sizes), max(sizes)] if sizes else [],
-        "max_frames_range": [min(s[1] for s in shapes), max(s[1] for s in shapes)] if shapes else [],
+        "max_frames_range": [min(s[1] for s in shapes), max(s[1] for s in shapes)]
+        if shapes
+        else [],
         "audio_hours": round(audio / 3600, 3),
         "buckets": len(schedule["bucket_bounds"]),
         "batch_sizes": schedule["batch_sizes"],
@@ -101,10 +112,9 @@ def schedule_summary(schedule: dict) -> dict:
 
 
 def probe_schedule(schedule: dict) -> dict:
-    """The calibration probe's batches: each bucket's worst case (full batch at the bucket maximum)."""
+    """The calibration probe's batches: each bucket's worst case (full batch at its maximum)."""
     batches = [
         {"bucket": i, "durations": [bound] * size}
         for i, (bound, size) in enumerate(zip(schedule["bucket_bounds"], schedule["batch_sizes"]))
     ]
     return {**schedule, "kind": "probe", "batches": [*batches, batches[0]]}
-

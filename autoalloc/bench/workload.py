@@ -94,28 +94,61 @@ def parser() -> argparse.ArgumentParser:
         "(synthetic data). Measure it with AUTOALLOC_REPORT or `autoalloc ab -- python -m "
         "autoalloc.bench.workload ...`.",
     )
-    p.add_argument("--preset", choices=sorted(PRESETS), default="full", help="model and schedule size")
-    p.add_argument("--steps", type=int, help="optimizer steps to run (default: the preset's steps + warm-up)")
+    p.add_argument(
+        "--preset", choices=sorted(PRESETS), default="full", help="model and schedule size"
+    )
+    p.add_argument(
+        "--steps", type=int, help="optimizer steps to run (default: the preset's steps + warm-up)"
+    )
     p.add_argument("--static", action="store_true", help="one fixed batch shape (the control)")
-    p.add_argument("--setter", action="store_true", help="apply expandable_segments:True with the runtime setter")
+    p.add_argument(
+        "--setter",
+        action="store_true",
+        help="apply expandable_segments:True with the runtime setter",
+    )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cap-gb", type=float, help="memory cap in GiB (per-process memory fraction)")
     p.add_argument("--max-duration", type=float, help="seconds of audio per batch")
     p.add_argument("--buckets", type=int, help="duration buckets")
-    p.add_argument("--quadratic-duration", type=float, help="Lhotse's quadratic_duration (default: off)")
+    p.add_argument(
+        "--quadratic-duration", type=float, help="Lhotse's quadratic_duration (default: off)"
+    )
     p.add_argument("--seed", type=int, default=1234)
-    for key in ("d-model", "layers", "heads", "ffn", "vocab", "subsampling-channels", "conv-kernel"):
+    for key in (
+        "d-model",
+        "layers",
+        "heads",
+        "ffn",
+        "vocab",
+        "subsampling-channels",
+        "conv-kernel",
+    ):
         p.add_argument(f"--{key}", type=int, help=f"model: {key.replace('-', ' ')}")
-    p.add_argument("--probe", metavar="PATH", help="run each bucket's worst batch once; write peak memory to PATH")
-    p.add_argument("--check-settings", action="store_true", help="print the allocator settings torch reports")
+    p.add_argument(
+        "--probe",
+        metavar="PATH",
+        help="run each bucket's worst batch once; write peak memory to PATH",
+    )
+    p.add_argument(
+        "--check-settings", action="store_true", help="print the allocator settings torch reports"
+    )
     return p
 
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
     """The preset with the command line's overrides."""
     cfg = dict(PRESETS[args.preset])
-    for key in ("max_duration", "buckets", "d_model", "layers", "heads", "ffn", "vocab", "subsampling_channels",
-                "conv_kernel"):
+    for key in (
+        "max_duration",
+        "buckets",
+        "d_model",
+        "layers",
+        "heads",
+        "ffn",
+        "vocab",
+        "subsampling_channels",
+        "conv_kernel",
+    ):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     cfg["run_steps"] = args.steps if args.steps is not None else cfg["steps"] + cfg["warmup"]
@@ -124,7 +157,12 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
 
 def batches(args: argparse.Namespace, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     plan = schedule.make_schedule(
-        max(1, cfg["run_steps"]), cfg["max_duration"], cfg["buckets"], args.seed, args.quadratic_duration, args.static
+        max(1, cfg["run_steps"]),
+        cfg["max_duration"],
+        cfg["buckets"],
+        args.seed,
+        args.quadratic_duration,
+        args.static,
     )
     return (schedule.probe_schedule(plan) if args.probe else plan)["batches"]
 
@@ -134,7 +172,10 @@ def runtime_setter(torch: Any, value: str) -> str:
     setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
     name = "torch.cuda.memory._set_allocator_settings"
     if setter is None:
-        setter, name = torch._C._accelerator_setAllocatorSettings, "torch._C._accelerator_setAllocatorSettings"
+        setter, name = (
+            torch._C._accelerator_setAllocatorSettings,
+            "torch._C._accelerator_setAllocatorSettings",
+        )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated on 2.10+, still what NeMo calls
         setter(value)
@@ -187,15 +228,25 @@ def train(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str
             torch.cuda.reset_peak_memory_stats(device)
         try:
             model.train_step(torch, net, optimizer, frames, tokens, step_cfg, device, generator)
-        except oom_error:  # counted by the allocator's num_ooms; the run goes on, as a trainer's would not
+        except (
+            oom_error
+        ):  # counted by the allocator's num_ooms; the run goes on, as a trainer's would not
             ooms += 1
             optimizer.zero_grad(set_to_none=True)
         if cuda and args.probe:
             peaks.append(torch.cuda.max_memory_allocated(device))
-    out = {"cuda_available": cuda, "ooms": ooms, "parameters": sum(p.numel() for p in net.parameters())}
+    out = {
+        "cuda_available": cuda,
+        "ooms": ooms,
+        "parameters": sum(p.numel() for p in net.parameters()),
+    }
     if cuda:
         props = torch.cuda.get_device_properties(device)
-        out.update(device_name=props.name, total_memory=props.total_memory, peak_allocated=max(peaks, default=0))
+        out.update(
+            device_name=props.name,
+            total_memory=props.total_memory,
+            peak_allocated=max(peaks, default=0),
+        )
     return out
 
 
