@@ -17,10 +17,11 @@ torch reports for the allocator and exits.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from autoalloc.bench import model, schedule
@@ -28,6 +29,7 @@ from autoalloc.bench import model, schedule
 ES_ON = "expandable_segments:True"
 SETTINGS_TAG = "AUTOALLOC_BENCH_SETTINGS "
 GIB = 1024**3
+SCHEDULE_CYCLE = 1000  # a long run replays the schedule rather than drawing it all up front
 
 PRESETS = {
     # a 12 x d512 Conformer (NeMo's Conformer-CTC medium size), 30 buckets, 300 steps
@@ -155,16 +157,15 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
-def batches(args: argparse.Namespace, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def batches(args: argparse.Namespace, cfg: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The run's batches: the schedule (at most SCHEDULE_CYCLE steps of it, then again)."""
+    length = max(1, min(cfg["run_steps"], SCHEDULE_CYCLE))
     plan = schedule.make_schedule(
-        max(1, cfg["run_steps"]),
-        cfg["max_duration"],
-        cfg["buckets"],
-        args.seed,
-        args.quadratic_duration,
-        args.static,
+        length, cfg["max_duration"], cfg["buckets"], args.seed, args.quadratic_duration, args.static
     )
-    return (schedule.probe_schedule(plan) if args.probe else plan)["batches"]
+    if args.probe:
+        return iter(schedule.probe_schedule(plan)["batches"])
+    return itertools.islice(itertools.cycle(plan["batches"]), max(0, cfg["run_steps"]))
 
 
 def runtime_setter(torch: Any, value: str) -> str:
