@@ -70,7 +70,7 @@ def ab_arms(
         )
     else:
         options = {k: str(v["value"]) for k, v in explained["allocator"].items()}
-        origins = sorted({str(v["from"]) for v in explained["allocator"].values()})
+        origins = sorted({_origin(str(v["from"])) for v in explained["allocator"].values()})
         why = decision.get("reason") or decision["action"]
         value, note = merged(env, var, options)
         on = Arm(
@@ -90,6 +90,10 @@ def ab_arms(
         f"AUTOALLOC_DISABLE=1 and {var}={off_value}" + (f"; {note}" if note else ""),
     )
     return [on, off]
+
+
+def _origin(where: str) -> str:
+    return "autoalloc's built-in default" if where == "default" else where
 
 
 def _intent(options: Mapping[str, str]) -> bool | None:

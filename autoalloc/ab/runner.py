@@ -71,9 +71,12 @@ class Progress:
         self.total_steps = total_steps
         self.last_line = 0.0
         self.last_steps = -1
+        self.current = 0
 
     def update(self, index: int, arm: str, repeat: int, steps: int, elapsed: float) -> None:
         head = f"[{index}/{self.total_runs}] {arm} (repeat {repeat}): "
+        if index != self.current:  # a new run: its own first line
+            self.current, self.last_line, self.last_steps = index, 0.0, -1
         if self.tty:
             done = min(1.0, steps / self.total_steps) if self.total_steps else 0.0
             bar = "#" * int(done * 30)
@@ -156,8 +159,16 @@ def run_once(arm: Arm, repeat: int, index: int, plan: Plan, progress: Progress) 
     """One run of ``arm``: start it, follow it, end it at the timeout, read its reports."""
     directory = os.path.join(os.path.abspath(plan.out), "runs", f"{arm.name}-{repeat}")
     os.makedirs(os.path.join(directory, "reports"), exist_ok=True)
-    for stale in os.listdir(os.path.join(directory, "reports")):
-        os.remove(os.path.join(directory, "reports", stale))
+    stale = [
+        os.path.join(directory, "reports", name)
+        for name in os.listdir(os.path.join(directory, "reports"))
+    ]
+    for path in [
+        *stale,
+        os.path.join(directory, "progress"),
+    ]:  # a previous ab run's, in the same --out
+        if os.path.exists(path):
+            os.remove(path)
     env = run_environment(arm, plan, directory, os.environ)
     run = Run(arm.name, repeat, list(arm.command), directory=directory)
     started = time.perf_counter()

@@ -190,7 +190,8 @@ def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off", notes: b
     """The side-by-side table of an A/B, its notes and its verdict."""
     arms = {name: [run["figures"] for run in runs] for name, runs in result["runs_by_arm"].items()}
     rows = compare(arms, a, b)
-    cpu = not any(r.get("cuda") for runs in arms.values() for r in runs)
+    ran = [r for runs in arms.values() for r in runs if not r.get("failed")]
+    cpu = bool(ran) and not any(r.get("cuda") for r in ran)
     head = f"{'':<24}{a:>12}{b:>12}" + ("" if cpu else f"{a + '/' + b:>10}  spread over repeats")
     lines = [head, "-" * len(head)]
     for label, key, spec in ROWS:
