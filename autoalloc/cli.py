@@ -209,6 +209,22 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return command.main(args.bench_args)
 
 
+def _add_measurement_commands(sub: argparse._SubParsersAction) -> None:
+    """``ab`` (its options are parsed by ``ab_parser``) and ``report``."""
+    a = sub.add_parser(
+        "ab", help="A/B of your own command with the allocator options on and off", add_help=False
+    )
+    a.add_argument("ab_args", nargs=argparse.REMAINDER)
+    r = sub.add_parser(
+        "report",
+        help="render AUTOALLOC_REPORT files as a table",
+        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH")
+    r.add_argument("--json", action="store_true", help="the reports as one JSON list")
+    r.set_defaults(func=_cmd_report)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="autoalloc",
@@ -260,19 +276,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("paths", nargs="*", metavar="PATH")
     c.set_defaults(func=_cmd_check)
 
-    a = sub.add_parser(
-        "ab", help="A/B of your own command with the allocator options on and off", add_help=False
-    )
-    a.add_argument("ab_args", nargs=argparse.REMAINDER)
-    r = sub.add_parser(
-        "report",
-        help="render AUTOALLOC_REPORT files as a table",
-        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
-    )
-    r.add_argument("paths", nargs="+", metavar="PATH")
-    r.add_argument("--json", action="store_true", help="the reports as one JSON list")
-    r.set_defaults(func=_cmd_report)
-
+    _add_measurement_commands(sub)
     b = sub.add_parser(
         "bench",
         help="GPU A/B benchmark of dynamic-shape ASR-like training (CPU smoke run without a GPU)",

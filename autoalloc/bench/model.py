@@ -5,6 +5,8 @@ torch is imported inside the functions: importing this module costs nothing.
 
 from __future__ import annotations
 
+from typing import Any
+
 MODEL_KEYS = (
     "d_model",
     "layers",
@@ -18,35 +20,12 @@ MODEL_KEYS = (
 )
 
 
-def build_model(cfg: dict):
-    """A Conformer-style CTC encoder: conv subsampling, macaron FFN, MHSA, conv module.
-
-    Simplifications that do not change the allocator's workload: absolute positions (no
-    relative positional encoding) and no attention padding mask (plain SDPA).
-    """
-    import torch
+def _block_parts(cfg: dict) -> tuple[Any, Any, Any]:
+    """The parts of a Conformer block: feed-forward, self-attention, convolution module."""
     from torch import nn
     from torch.nn import functional as F
 
     d, heads, p = cfg["d_model"], cfg["heads"], cfg["dropout"]
-
-    class Subsampling(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            c = cfg["subsampling_channels"]
-            self.conv = nn.Sequential(
-                nn.Conv2d(1, c, 3, 2, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1), nn.ReLU()
-            )
-            freq = ((cfg["n_mels"] - 1) // 2 + 1 - 1) // 2 + 1
-            self.out = nn.Linear(c * freq, d)
-
-        def forward(self, x, lengths):
-            x = self.conv(x.unsqueeze(1))  # (B, C, T/4, F/4)
-            b, c, t, f = x.shape
-            x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
-            for _ in range(2):
-                lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
-            return x, lengths
 
     class FeedForward(nn.Module):
         def __init__(self) -> None:
@@ -92,6 +71,40 @@ def build_model(cfg: dict):
             y = F.glu(self.pointwise1(self.norm(x)), dim=-1).transpose(1, 2)
             y = F.silu(self.bn(self.depthwise(y))).transpose(1, 2)
             return self.drop(self.pointwise2(y))
+
+    return FeedForward, SelfAttention, ConvModule
+
+
+def build_model(cfg: dict):
+    """A Conformer-style CTC encoder: conv subsampling, macaron FFN, MHSA, conv module.
+
+    Simplifications that do not change the allocator's workload: absolute positions (no
+    relative positional encoding) and no attention padding mask (plain SDPA).
+    """
+    import torch
+    from torch import nn
+
+    d = cfg["d_model"]
+
+    class Subsampling(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            c = cfg["subsampling_channels"]
+            self.conv = nn.Sequential(
+                nn.Conv2d(1, c, 3, 2, 1), nn.ReLU(), nn.Conv2d(c, c, 3, 2, 1), nn.ReLU()
+            )
+            freq = ((cfg["n_mels"] - 1) // 2 + 1 - 1) // 2 + 1
+            self.out = nn.Linear(c * freq, d)
+
+        def forward(self, x, lengths):
+            x = self.conv(x.unsqueeze(1))  # (B, C, T/4, F/4)
+            b, c, t, f = x.shape
+            x = self.out(x.transpose(1, 2).reshape(b, t, c * f))
+            for _ in range(2):
+                lengths = torch.div(lengths - 1, 2, rounding_mode="floor") + 1
+            return x, lengths
+
+    FeedForward, SelfAttention, ConvModule = _block_parts(cfg)
 
     class Block(nn.Module):
         def __init__(self) -> None:
