@@ -117,6 +117,7 @@ def test_ab_failing_arm_is_shown_with_the_other(tmp_path: Path) -> None:
     assert "off: 1/1 runs ok" in result.stdout and "every run of the on arm failed" in result.stdout
 
 
+@pytest.mark.slow  # two runs that last their whole --timeout
 def test_ab_command_without_optimizer_stops_at_the_timeout(tmp_path: Path) -> None:
     result, data = ab(
         tmp_path,
@@ -132,6 +133,7 @@ def test_ab_command_without_optimizer_stops_at_the_timeout(tmp_path: Path) -> No
     assert "no optimizer step was seen" in result.stdout and "about memory only" in result.stdout
 
 
+@pytest.mark.slow  # two torchrun jobs: six interpreters
 def test_ab_torchrun_every_rank_stops_at_the_same_step(tmp_path: Path) -> None:
     command = [
         PY,
