@@ -172,3 +172,43 @@ def test_report_path_and_settings_helpers(tmp_path: Path) -> None:
     assert recorder.parse_es("max_split_size_mb:64,expandable_segments:True") is True
     assert recorder.parse_es("expandable_segments:True,expandable_segments:False") is False
     assert recorder.parse_es(None) is None
+
+
+def test_report_command_renders_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autoalloc import cli
+
+    gib = 1024**3
+    base = {"warmup": 1, "cuda": True, "device_name": "NVIDIA H200", "torch": "2.11.0"}
+    for rank, mallocs in ((0, 0), (1, 3)):
+        report = {
+            **base,
+            "rank": {"RANK": rank},
+            "steps": 4,
+            "step_ends_s": [0.1, 0.2, 0.3, 0.4],
+            "cuda_steps": [
+                {
+                    "step": s,
+                    "num_device_alloc": mallocs,
+                    "num_device_free": 0,
+                    "num_alloc_retries": 0,
+                    "num_ooms": 0,
+                    "reserved": 2 * gib,
+                    "allocated": gib,
+                }
+                for s in (2, 3, 4)
+            ],
+            "peak_reserved": 3 * gib,
+            "peak_allocated": 2 * gib,
+            "allocator_settings": {"expandable_segments": True},
+            "decision": {"action": "apply", "rule": "nemo-asr-train"},
+        }
+        (tmp_path / f"r{rank}.json").write_text(json.dumps(report))
+    assert cli.main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("r")][1:]
+    assert len(rows) == 2 and all("apply nemo-asr-train" in row and "3.00" in row for row in rows)
+    assert "3.00" in rows[1].split()[6]  # rank 1: 3 device mallocs per step
+    assert "device: NVIDIA H200" in out
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 1
