@@ -128,16 +128,21 @@ def decision_info() -> dict[str, Any]:
     hook = sys.modules.get("autoalloc.hook")
     decision = getattr(getattr(hook, "STATE", None), "decision", None)
     out: dict[str, Any] = {"AUTOALLOC_APPLIED": os.environ.get("AUTOALLOC_APPLIED")}
-    if decision is not None:
-        out.update(
-            action=decision.action,
-            rule=decision.rule,
-            policy_file=decision.rule_source,
-            reason=decision.reason,
-            read_var=decision.read_var,
-            value=decision.value,
-            applied=decision.applied(),
-        )
+    if decision is None:
+        return out
+    for key, attr in (
+        ("action", "action"),
+        ("rule", "rule"),
+        ("policy_file", "rule_source"),
+        ("reason", "reason"),
+        ("read_var", "read_var"),
+        ("value", "value"),
+    ):
+        out[key] = getattr(decision, attr, None)
+    try:  # a report without this beats no report
+        out["applied"] = dict(decision.applied())
+    except Exception:
+        out["applied"] = None
     return out
 
 
