@@ -130,9 +130,12 @@ def main() -> None:
         if sys.flags.isolated:
             return
         # Disabled: nothing to do, unless a parent process of this job wrote allocator
-        # variables, which the watcher then restores at `import torch`.
-        if truthy(os.environ.get("AUTOALLOC_DISABLE")) and "AUTOALLOC_ORIGINAL" not in os.environ:
-            return
+        # variables, which the watcher then restores at `import torch`, or AUTOALLOC_REPORT
+        # asks for a report (the "off" arm of `autoalloc ab`).
+        env = os.environ
+        if truthy(env.get("AUTOALLOC_DISABLE")):
+            if "AUTOALLOC_ORIGINAL" not in env and "AUTOALLOC_REPORT" not in env:
+                return
         meta_path = sys.meta_path
         for finder in meta_path:
             if getattr(finder, "autoalloc_watcher", False):

@@ -1,4 +1,5 @@
-"""The ``autoalloc`` command (also ``python -m autoalloc``): explain, doctor, init, check, bench."""
+"""The ``autoalloc`` command (``python -m autoalloc``): explain, doctor, init, check, ab, report,
+bench."""
 
 from __future__ import annotations
 
@@ -126,10 +127,103 @@ def _layer_paths() -> tuple[list[str], int]:
     return paths, failed
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from autoalloc import bench
+AB_HELP = """\
+Run CMD with the allocator options on and off, R times each, interleaved (on, off, on, off),
+stop each run after W warm-up + N optimizer steps, and put the two side by side: steps/s, step
+time median and p95, device mallocs per step, retries, OOMs, peak reserved and allocated
+memory, the ratio on/off with its spread across repeats, and a one-line verdict. Writes
+OUT/ab.json and, with matplotlib (pip install "autoalloc[bench]"), OUT/ab.png.
 
-    return bench.main(args.bench_args)
+on:  the options the policy's deciding rule applies for CMD (see `autoalloc explain -- CMD`);
+     when no rule applies any, the policy's [allocator] defaults.
+off: AUTOALLOC_DISABLE=1 and expandable_segments:False; the rest of the environment unchanged.
+
+An ab run is a measurement, not a training run: each run ends after warm-up + N steps
+(AUTOALLOC_AB_STOP_AFTER; every rank of a torchrun job stops at the same step) with exit
+status 0, whatever the trainer had planned. Checkpoints, logs and outputs the command writes
+are not its business: point them somewhere disposable.
+
+example: autoalloc ab --steps 50 -- python train.py --config my.yaml
+"""
+
+
+def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1 :]
+    return argv, []
+
+
+def ab_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="autoalloc ab",
+        usage="autoalloc ab [options] -- CMD ...",
+        description=AB_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = p.add_argument
+    add("--steps", type=int, default=50, help="optimizer steps measured after the warm-up (50)")
+    add("--warmup", type=int, default=20, help="warm-up steps left out of the figures (20)")
+    add("--repeat", type=int, default=2, help="runs per arm, interleaved (2)")
+    add("--timeout", type=float, default=1800, help="seconds one run may take (1800)")
+    add("--out", default="autoalloc-ab", help="directory for logs, reports, ab.json, ab.png")
+    return p
+
+
+def _cmd_ab(argv: list[str]) -> int:
+    from autoalloc.ab import arms as ab_arms
+    from autoalloc.ab import runner, table
+    from autoalloc.ab.plot import plot
+    from autoalloc.explain import explain
+
+    options, command = _split_command(argv)
+    args = ab_parser().parse_args(options)
+    if not command:
+        ab_parser().error("no command: autoalloc ab [options] -- CMD ...")
+    arms = ab_arms.ab_arms(command, explain(command), os.environ)
+    for arm in arms:
+        print(f"{arm.name}: {arm.how}", file=sys.stderr)
+    steps, warmup, repeat = max(1, args.steps), max(1, args.warmup), max(1, args.repeat)
+    plan = runner.Plan(steps, warmup, repeat, args.timeout, args.out)
+    runs = runner.run_all(arms, plan)
+    data = runner.result(arms, plan, runs, [])
+    text = table.render_ab(data)
+    os.makedirs(args.out, exist_ok=True)
+    png = plot(data, os.path.join(args.out, "ab.png"), "autoalloc ab: " + " ".join(command)[:80])
+    data["png"], data["table"] = png, text
+    with open(os.path.join(args.out, "ab.json"), "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=1)
+    print(text)
+    written = f" and {png}" if png else " (no PNG: matplotlib is not installed)"
+    print(f"wrote {os.path.join(args.out, 'ab.json')}{written}")
+    return 1 if any(run.failed for run in runs) else 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from autoalloc.ab import runner, table
+
+    reports = []
+    for path in args.paths:
+        if os.path.isdir(path):
+            reports.extend(runner.read_reports(path))
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                reports.append({**json.load(f), "file": path})
+        except (OSError, ValueError) as exc:
+            print(f"autoalloc report: {path}: {exc}", file=sys.stderr)
+            return 1
+    if not reports:
+        print("autoalloc report: no reports found", file=sys.stderr)
+        return 1
+    print(json.dumps(reports, indent=1) if args.json else table.render_reports(reports))
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from autoalloc.bench import command
+
+    return command.main(args.bench_args)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -144,6 +238,7 @@ def parser() -> argparse.ArgumentParser:
     _add_doctor(sub)
     _add_init(sub)
     _add_check(sub)
+    _add_measurement_commands(sub)
     _add_bench(sub)
     return p
 
@@ -215,6 +310,22 @@ def _add_check(sub: Any) -> None:
     c.set_defaults(func=_cmd_check)
 
 
+def _add_measurement_commands(sub: Any) -> None:
+    """``ab`` (its options are parsed by ``ab_parser``) and ``report``."""
+    a = sub.add_parser(
+        "ab", help="A/B of your own command with the allocator options on and off", add_help=False
+    )
+    a.add_argument("ab_args", nargs=argparse.REMAINDER)
+    r = sub.add_parser(
+        "report",
+        help="render AUTOALLOC_REPORT files as a table",
+        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
+    )
+    r.add_argument("paths", nargs="+", metavar="PATH")
+    r.add_argument("--json", action="store_true", help="the reports as one JSON list")
+    r.set_defaults(func=_cmd_report)
+
+
 def _add_bench(sub: Any) -> None:
     b = sub.add_parser(
         "bench",
@@ -227,12 +338,12 @@ def _add_bench(sub: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == [
-        "bench"
-    ]:  # argparse.REMAINDER would reject bench's own leading options (--quick, --help)
-        from autoalloc import bench
+    if argv[:1] == ["bench"]:  # REMAINDER would reject bench's own leading options (--quick)
+        from autoalloc.bench import command
 
-        return bench.main(argv[1:])
+        return command.main(argv[1:])
+    if argv[:1] == ["ab"]:
+        return _cmd_ab(argv[1:])
     args = parser().parse_args(argv)
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]

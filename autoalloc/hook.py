@@ -84,6 +84,10 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             from autoalloc import guards
 
             guards.install(STATE)
+            if os.environ.get("AUTOALLOC_REPORT"):  # the measurement half, only when asked for
+                from autoalloc.ab import recorder
+
+                recorder.install()
         if watcher is not None:
             watcher.names.discard("torch")
     elif watcher is not None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The GPU A/B of dynamic-shape ASR-like training: a thin runner for ``autoalloc bench``.
 
-The benchmark lives in the package (``autoalloc/bench.py``) so that ``autoalloc bench``
+The benchmark lives in the package (``autoalloc/bench/``) so that ``autoalloc bench``
 works after ``pip install autoalloc``; this script runs it from a checkout, with its
 working files under ``benchmarks/out/dynamic_batches`` unless ``--out`` says otherwise::
 
@@ -19,16 +19,16 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 try:
-    from autoalloc import bench
+    from autoalloc.bench import command
 except ImportError:  # not installed: use the checkout
     sys.path.insert(0, REPO)
-    from autoalloc import bench
+    from autoalloc.bench import command
 
 
 def main(argv: list[str]) -> int:
     if not any(a == "--out" or a.startswith("--out=") for a in argv):
         argv = ["--out", os.path.join(REPO, "benchmarks", "out", "dynamic_batches"), *argv]
-    return bench.main(argv)
+    return command.main(argv)
 
 
 if __name__ == "__main__":

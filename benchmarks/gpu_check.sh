@@ -9,10 +9,12 @@
 #   2. on the GPU machine (the device tool: command "bash benchmarks/gpu_check.sh",
 #      carry [".whl"], timeout_s 600):
 #        installs autoalloc into the machine's python3 (which has torch with CUDA), checks
-#        that the startup hook is live, runs `autoalloc bench --quick` and then the full
-#        A/B, within GPU_CHECK_LIMIT seconds (default 560: the A/B's --deadline makes it
-#        skip arm processes rather than overrun), and writes quick.json/.png,
-#        full.json/.png and gpu_check.log under $OUT (default benchmarks/out/gpu_check).
+#        that the startup hook is live, runs `autoalloc bench --quick`, then `autoalloc ab
+#        --steps 100 --repeat 2 -- python -m autoalloc.bench.workload ...` at the memory cap
+#        the quick run calibrated, then the full A/B, within GPU_CHECK_LIMIT seconds (default
+#        560: --deadline makes the A/B skip runs rather than overrun), and writes
+#        quick.json/.png, ab.json/.png, full.json/.png and gpu_check.log under $OUT
+#        (default benchmarks/out/gpu_check).
 #
 # Copy the results to benchmarks/results/<date>-<gpu>-{quick,full}.{json,png} and commit
 # them with the figures quoted in README.
@@ -62,6 +64,22 @@ echo "== autoalloc bench --quick"
     --json "$OUT/quick.json" --png "$OUT/quick.png" --deadline 170
 QUICK_RC=$?
 
+# autoalloc ab on the workload as a user would run it on their own trainer, near the memory
+# cap the quick run calibrated (its probe: peak allocated / 0.88).
+CAP_GB=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1]))["bench"]["calibration"]; print("%.2f" % (c["cap_bytes"] / 2**30) if c.get("cap_bytes") else "")' "$OUT/quick.json" 2>/dev/null)
+REMAINING=$((LIMIT - (SECONDS - START)))
+AB_RC=0
+if [ -n "$CAP_GB" ] && [ "$REMAINING" -gt 150 ]; then
+    echo "== autoalloc ab --steps 100 --repeat 2 -- the workload at a ${CAP_GB} GiB cap (${REMAINING} s left)"
+    timeout $((REMAINING - 20)) "$PY" -m autoalloc ab --steps 100 --warmup 20 --repeat 2 --timeout 120 \
+        --out /tmp/autoalloc-ab -- "$PY" -m autoalloc.bench.workload --preset quick --steps 100000 --cap-gb "$CAP_GB"
+    AB_RC=$?
+    cp /tmp/autoalloc-ab/ab.json "$OUT/ab.json" 2>/dev/null
+    cp /tmp/autoalloc-ab/ab.png "$OUT/ab.png" 2>/dev/null
+else
+    echo "skipping autoalloc ab: no calibrated cap from the quick run, or not enough time left"
+fi
+
 REMAINING=$((LIMIT - (SECONDS - START)))
 echo "== autoalloc bench (the full A/B; ${REMAINING} s left)"
 FULL_RC=0
@@ -72,6 +90,6 @@ if [ "$REMAINING" -gt 120 ]; then
 else
     echo "not enough time left for the full A/B: run it alone (GPU_CHECK_LIMIT, or: $PY -m autoalloc bench)"
 fi
-echo "== done in $((SECONDS - START)) s: quick rc=$QUICK_RC, full rc=$FULL_RC; results in $OUT"
+echo "== done in $((SECONDS - START)) s: quick rc=$QUICK_RC, ab rc=$AB_RC, full rc=$FULL_RC; results in $OUT"
 ls -l "$OUT"
-[ "$QUICK_RC" = 0 ] && [ "$FULL_RC" = 0 ]
+[ "$QUICK_RC" = 0 ] && [ "$AB_RC" = 0 ] && [ "$FULL_RC" = 0 ]

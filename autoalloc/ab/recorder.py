@@ -1,0 +1,341 @@
+"""``AUTOALLOC_REPORT``: record this process's optimizer steps and allocator counters; write JSON.
+
+Installed by the hook once torch's module has executed, and only when ``AUTOALLOC_REPORT``
+is set (unset: nothing is registered). It uses torch's global optimizer step hook
+(``torch.optim.optimizer.register_optimizer_step_post_hook``), which every trainer built on
+``torch.optim`` goes through, so the user's code is not changed. Per step it takes one
+``time.perf_counter()``; no ``cuda.synchronize`` is added, so the report does not change
+what it measures. On CUDA, after the warm-up, it reads ``torch.cuda.memory_stats()`` at each
+step boundary and keeps the deltas of the allocator counters; the time these reads take is
+measured and written into the report (``recorder``).
+
+At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes one
+JSON file: to ``PATH``, into a directory (one file per process), or to stderr (``-``).
+DataLoader workers and the torchrun launcher never step an optimizer and write nothing.
+
+``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
+steps: the report is written and the process exits with status 0. Every rank of a torchrun
+job counts its own steps, so all ranks stop after the same step.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Literal
+
+REPORT_VAR = "AUTOALLOC_REPORT"
+WARMUP_VAR = "AUTOALLOC_REPORT_WARMUP"
+STOP_VAR = "AUTOALLOC_AB_STOP_AFTER"
+PROGRESS_VAR = "AUTOALLOC_AB_PROGRESS"
+DEFAULT_WARMUP = 20
+COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+SCHEMA = "autoalloc-report/1"
+STOP_GRACE_S = 60.0  # after a stop, a process that does not end by itself is ended
+PROGRESS_EVERY_S = 0.25
+
+Ending = Literal["exit", "stop", "SIGTERM", "SIGINT"]
+
+
+def _int_env(name: str, default: int | None) -> int | None:
+    try:
+        return max(0, int(os.environ[name]))
+    except (KeyError, ValueError):
+        return default
+
+
+def rank() -> dict[str, int]:
+    """The torch.distributed / SLURM / MPI rank variables of this process, as integers."""
+    out = {}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        try:
+            out[name] = int(os.environ[name])
+        except (KeyError, ValueError):
+            pass
+    return out
+
+
+def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
+    """Where this process writes: None for stderr; a file inside a directory target."""
+    if target == "-":
+        return None
+    global_rank = ranks.get("RANK", ranks.get("SLURM_PROCID", ranks.get("OMPI_COMM_WORLD_RANK")))
+    tag = f"-rank{global_rank}" if global_rank is not None else ""
+    if target.endswith(("/", os.sep)) or os.path.isdir(target):
+        host = socket.gethostname().split(".")[0] or "host"
+        return os.path.join(target, f"autoalloc-report-{host}-{pid}{tag}.json")
+    if global_rank:  # ranks other than 0 next to rank 0's file, never over it
+        stem, ext = os.path.splitext(target)
+        return f"{stem}{tag}{ext or '.json'}"
+    return target
+
+
+def parse_es(raw: str | None) -> bool | None:
+    """``expandable_segments`` in a raw allocator string (the last one wins, as in torch)."""
+    if raw is None:
+        return None
+    value = False
+    for item in raw.replace(" ", "").split(","):
+        key, _, val = item.partition(":")
+        if key == "expandable_segments":
+            value = val == "True"
+    return value
+
+
+def allocator_settings(torch: Any) -> dict[str, Any]:
+    """What torch says its allocator uses: the getter's string and, on CUDA builds, the snapshot.
+
+    Called at exit only: the first read freezes the allocator configuration.
+    """
+    out: dict[str, Any] = {"raw": None, "expandable_segments": None, "source": None}
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        try:
+            out.update(raw=getter(), source="torch._C._accelerator_getAllocatorSettings()")
+            out["expandable_segments"] = parse_es(out["raw"])
+        except Exception as exc:
+            out["getter_error"] = repr(exc)
+    if getattr(torch.version, "cuda", None) and _snapshot_is_cheap(torch):
+        try:
+            settings = torch.cuda.memory._snapshot()["allocator_settings"]
+            out["snapshot"] = {
+                k: v if isinstance(v, (bool, int, float)) else str(v) for k, v in settings.items()
+            }
+            out["expandable_segments"] = bool(settings["expandable_segments"])
+            out["source"] = 'torch.cuda.memory._snapshot()["allocator_settings"]'
+        except Exception as exc:
+            out["snapshot_error"] = repr(exc)
+    return out
+
+
+def _snapshot_is_cheap(torch: Any) -> bool:
+    # A process that never touched the GPU must not create a CUDA context at exit just to
+    # read settings; without a GPU the snapshot answers without one.
+    try:
+        return bool(torch.cuda.is_initialized()) or torch.cuda.device_count() == 0
+    except Exception:
+        return False
+
+
+def decision_info() -> dict[str, Any]:
+    """What autoalloc decided in this process (from the hook's state), and its environment mark."""
+    hook = sys.modules.get("autoalloc.hook")
+    decision = getattr(getattr(hook, "STATE", None), "decision", None)
+    out: dict[str, Any] = {"AUTOALLOC_APPLIED": os.environ.get("AUTOALLOC_APPLIED")}
+    if decision is None:
+        return out
+    for key, attr in (
+        ("action", "action"),
+        ("rule", "rule"),
+        ("policy_file", "rule_source"),
+        ("reason", "reason"),
+        ("read_var", "read_var"),
+        ("value", "value"),
+    ):
+        out[key] = getattr(decision, attr, None)
+    try:  # a report without this beats no report
+        out["applied"] = dict(decision.applied())
+    except Exception:
+        out["applied"] = None
+    return out
+
+
+class Recorder:
+    """The per-process record: step end times, CUDA counter deltas after warm-up, the ending."""
+
+    def __init__(self, torch: Any, target: str, warmup: int, stop_after: int | None) -> None:
+        self.torch = torch
+        self.target = target
+        self.warmup = warmup
+        self.stop_total = None if stop_after is None else warmup + stop_after
+        self.progress = os.environ.get(PROGRESS_VAR)
+        self._reset()
+        self.handle: Any = None
+
+    def _reset(self) -> None:
+        self.pid = os.getpid()
+        self.started = time.time()
+        self.t0 = time.perf_counter()
+        self.steps = 0
+        self.ends: list[float] = []  # perf_counter at each step's end, relative to t0
+        self.cuda_steps: list[dict[str, int]] = []
+        self.previous: dict[str, int] | None = None
+        self.hook_s = 0.0
+        self.sample_s = 0.0
+        self.samples = 0
+        self.ending: Ending | None = None
+        self.last_progress = 0.0
+
+    # ------------------------------------------------------------------ per step
+
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        now = time.perf_counter()
+        self.steps += 1
+        self.ends.append(now - self.t0)
+        if self.steps >= self.warmup:
+            self._sample()
+        if self.progress and (
+            now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
+        ):
+            self._write_progress(now)
+        self.hook_s += time.perf_counter() - now
+        if self.stop_total is not None and self.steps >= self.stop_total:
+            self._stop()
+
+    def _sample(self) -> None:
+        cuda = self.torch.cuda
+        if not cuda.is_initialized():
+            return
+        t = time.perf_counter()
+        stats = cuda.memory_stats()
+        self.sample_s += time.perf_counter() - t
+        self.samples += 1
+        now = {key: int(stats.get(key, 0)) for key in COUNTERS}
+        if self.previous is not None:
+            record = {key: now[key] - self.previous[key] for key in COUNTERS}
+            record["step"] = self.steps
+            record["reserved"] = int(stats.get("reserved_bytes.all.current", 0))
+            record["allocated"] = int(stats.get("allocated_bytes.all.current", 0))
+            self.cuda_steps.append(record)
+        self.previous = now
+
+    def _write_progress(self, now: float) -> None:
+        self.last_progress = now
+        if rank().get("RANK", 0) != 0:
+            return
+        try:
+            with open(self.progress, "w", encoding="utf-8") as f:
+                f.write(f"{self.steps}\n")
+        except OSError:
+            self.progress = None
+
+    def _stop(self) -> None:
+        self.write("stop")
+        # A thread that is not a daemon (a logger, a prefetcher) must not keep the process up.
+        timer = threading.Timer(STOP_GRACE_S, os._exit, (0,))
+        timer.daemon = True
+        timer.start()
+        raise SystemExit(0)
+
+    # ------------------------------------------------------------------ the report
+
+    def skip_writing(self) -> bool:
+        """DataLoader workers and torchrun's launcher step no optimizer: their report is noise."""
+        if self.steps:
+            return False
+        data = sys.modules.get("torch.utils.data")
+        info = getattr(data, "get_worker_info", None)
+        if info is not None and info() is not None:
+            return True
+        return "torch.distributed.elastic.agent.server.api" in sys.modules
+
+    def as_dict(self) -> dict[str, Any]:
+        torch = self.torch
+        cuda = bool(torch.cuda.is_initialized())
+        out: dict[str, Any] = {
+            "schema": SCHEMA,
+            "pid": self.pid,
+            "host": socket.gethostname(),
+            "argv": list(getattr(sys, "orig_argv", sys.argv)),
+            "rank": rank(),
+            "torch": torch.__version__,
+            "torch_cuda": getattr(torch.version, "cuda", None),
+            "cuda": cuda,
+            "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+            "started": self.started,
+            "ended_by": self.ending or "exit",
+            "warmup": self.warmup,
+            "stop_after": None if self.stop_total is None else self.stop_total - self.warmup,
+            "steps": self.steps,
+            "step_ends_s": [round(t, 6) for t in self.ends],
+            "cuda_steps": self.cuda_steps,
+            "decision": decision_info(),
+            "allocator_settings": allocator_settings(torch),
+            "recorder": {
+                "hook_s": round(self.hook_s, 6),
+                "memory_stats_s": round(self.sample_s, 6),
+                "memory_stats_calls": self.samples,
+            },
+        }
+        if cuda:
+            stats = torch.cuda.memory_stats()
+            out["peak_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
+            out["peak_allocated"] = int(stats.get("allocated_bytes.all.peak", 0))
+            out["totals"] = {key: int(stats.get(key, 0)) for key in COUNTERS}
+        return out
+
+    def write(self, ending: Ending = "exit") -> None:
+        """Write the report (again, with the latest figures, if it was written before)."""
+        if os.getpid() != self.pid or (self.ending is not None and ending == "exit"):
+            return
+        self.ending = ending
+        if self.skip_writing():
+            return
+        try:
+            text = json.dumps(self.as_dict(), indent=1)
+            path = report_path(self.target, self.pid, rank())
+            if path is None:
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+                return
+            if os.path.dirname(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{self.pid}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, path)  # a reader never sees half a report
+        except Exception as exc:
+            sys.stderr.write(f"autoalloc: could not write the AUTOALLOC_REPORT report: {exc!r}\n")
+
+    # ------------------------------------------------------------------ signals
+
+    def on_signal(self, previous: Any, signum: int, frame: Any) -> Any:
+        self.write("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
+        if callable(previous):
+            return previous(signum, frame)  # e.g. Python's KeyboardInterrupt for SIGINT
+        if previous == signal.SIG_IGN:
+            return None
+        # The default action: die by the signal, as the process would have without us.
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return None
+
+
+def _chain_signal(recorder: Recorder, signum: int) -> None:
+    try:
+        previous = signal.getsignal(signum)
+        signal.signal(signum, lambda s, f: recorder.on_signal(previous, s, f))
+    except (ValueError, OSError, TypeError):  # not the main thread, or an embedded interpreter
+        pass
+
+
+RECORDER: Recorder | None = None
+
+
+def install(torch: Any | None = None) -> Recorder | None:
+    """Start recording in this process (idempotent); None when ``AUTOALLOC_REPORT`` is unset."""
+    global RECORDER
+    target = os.environ.get(REPORT_VAR)
+    if not target:
+        return None
+    if RECORDER is not None:
+        return RECORDER
+    torch = torch if torch is not None else sys.modules["torch"]
+    import torch.optim.optimizer as optimizer_module
+
+    recorder = Recorder(
+        torch, target, _int_env(WARMUP_VAR, DEFAULT_WARMUP) or 0, _int_env(STOP_VAR, None)
+    )
+    recorder.handle = optimizer_module.register_optimizer_step_post_hook(recorder.on_step)
+    atexit.register(recorder.write)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        _chain_signal(recorder, signum)
+    os.register_at_fork(after_in_child=recorder._reset)
+    RECORDER = recorder
+    return recorder

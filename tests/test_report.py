@@ -1,0 +1,214 @@
+"""``AUTOALLOC_REPORT``: real interpreters of the test venv (hook installed), a tiny CPU trainer.
+
+The report counts optimizer steps through torch's global step hook, is written at exit and
+on SIGTERM/SIGINT (the process still ends as the signal says), one file per training
+process in a directory (DataLoader workers and torchrun's launcher write none), and costs
+nothing when the variable is unset. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from autoalloc.ab import recorder, table
+from tests.conftest import PY, REPO, clean_env
+
+TINY = str(REPO / "tests" / "tiny_train.py")
+
+
+def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return {**clean_env(tmp_path), "AUTOALLOC_REPORT_WARMUP": "2", **extra}
+
+
+def run(args: list[str], tmp_path: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PY, *args],
+        cwd=tmp_path,
+        env=env_for(tmp_path, **extra),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def reports_in(directory: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+
+
+def test_report_counts_steps_and_is_written_at_exit(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = run([TINY, "7"], tmp_path, AUTOALLOC_REPORT=str(out))
+    assert result.returncode == 0, result.stderr
+    assert "FINISHED" in result.stdout
+    report = json.loads(out.read_text())
+    assert report["schema"] == recorder.SCHEMA
+    assert report["steps"] == 7 and len(report["step_ends_s"]) == 7
+    assert report["ended_by"] == "exit" and report["warmup"] == 2
+    assert report["cuda"] is False and report["cuda_steps"] == [] and report["device_name"] == "cpu"
+    assert report["torch"].startswith("2.") and report["decision"]["action"] == "none"
+    assert report["allocator_settings"]["source"] == "torch._C._accelerator_getAllocatorSettings()"
+    assert table.figures(report)["measured_steps"] == 5  # steps 3..7, after the warm-up of 2
+    shown = subprocess.run(
+        [PY, "-m", "autoalloc", "report", str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "r.json" in shown.stdout and "device: cpu" in shown.stdout
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_report_written_on_signal(tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "r.json"
+    process = subprocess.Popen(
+        [PY, TINY, "100", "--wait-after", "4"],
+        cwd=tmp_path,
+        env=env_for(tmp_path, AUTOALLOC_REPORT=str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == "READY"
+        time.sleep(0.2)
+        process.send_signal(sig)
+        process.wait(60)
+    finally:
+        process.kill()
+    # the process ends as it would have without the recorder: SIGTERM's default action kills
+    # it; SIGINT still raises Python's KeyboardInterrupt where the program was
+    if sig == signal.SIGTERM:
+        assert process.returncode == -signal.SIGTERM
+    else:
+        assert process.stderr is not None
+        assert process.returncode != 0 and process.stderr.read().rstrip().endswith(
+            "KeyboardInterrupt"
+        )
+    report = json.loads(out.read_text())
+    assert report["steps"] == 4 and report["ended_by"] == sig.name
+
+
+def test_no_report_without_torch_and_nothing_registered_when_unset(tmp_path: Path) -> None:
+    directory = tmp_path / "reports"
+    assert (
+        run(["-c", "import json"], tmp_path, AUTOALLOC_REPORT=str(directory) + "/").returncode == 0
+    )
+    assert not directory.exists() or not list(directory.iterdir())
+    code = (
+        "import sys, torch, torch.optim.optimizer as o; "
+        "print(len(o._global_optimizer_post_hooks), 'autoalloc.ab.recorder' in sys.modules)"
+    )
+    result = run(["-c", code], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["0", "False"]
+
+
+def test_report_to_stderr(tmp_path: Path) -> None:
+    result = run([TINY, "3"], tmp_path, AUTOALLOC_REPORT="-")
+    assert result.returncode == 0, result.stderr
+    start = result.stderr.index("{")
+    assert json.loads(result.stderr[start:])["steps"] == 3
+
+
+def test_stop_after_ends_the_process_cleanly(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = run(
+        [TINY, "50", "--workers", "2"],
+        tmp_path,
+        AUTOALLOC_REPORT=str(out),
+        AUTOALLOC_AB_STOP_AFTER="3",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "FINISHED" not in result.stdout and "Traceback" not in result.stderr
+    report = json.loads(out.read_text())
+    assert report["steps"] == 5 and report["ended_by"] == "stop" and report["stop_after"] == 3
+
+
+def test_directory_gets_one_file_per_process_with_dataloader_workers(tmp_path: Path) -> None:
+    directory = tmp_path / "reports"
+    result = run([TINY, "6", "--workers", "2"], tmp_path, AUTOALLOC_REPORT=str(directory) + "/")
+    assert result.returncode == 0, result.stderr
+    reports = reports_in(directory)
+    assert [r["steps"] for r in reports] == [6]  # the workers step no optimizer: no file of theirs
+
+
+def test_directory_gets_one_file_per_torchrun_rank(tmp_path: Path) -> None:
+    directory = tmp_path / "reports"
+    directory.mkdir()  # an existing directory (no trailing slash needed)
+    result = run(
+        ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", TINY, "5"],
+        tmp_path,
+        AUTOALLOC_REPORT=str(directory),
+        AUTOALLOC_AB_STOP_AFTER="2",
+        OMP_NUM_THREADS="1",
+    )
+    assert result.returncode == 0, result.stderr
+    reports = reports_in(directory)
+    assert sorted(r["rank"]["RANK"] for r in reports) == [0, 1]  # the launcher writes none
+    assert [r["steps"] for r in reports] == [4, 4]  # every rank stops at the same step
+    assert len({r["pid"] for r in reports}) == 2
+
+
+def test_report_path_and_settings_helpers(tmp_path: Path) -> None:
+    assert recorder.report_path("-", 1, {}) is None
+    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 0}) == str(
+        tmp_path / "a.json"
+    )
+    assert recorder.report_path(str(tmp_path / "a.json"), 1, {"RANK": 2}) == str(
+        tmp_path / "a-rank2.json"
+    )
+    inside = recorder.report_path(str(tmp_path), 42, {"RANK": 1})
+    assert (
+        inside is not None
+        and inside.startswith(str(tmp_path))
+        and inside.endswith("-42-rank1.json")
+    )
+    assert recorder.parse_es("max_split_size_mb:64,expandable_segments:True") is True
+    assert recorder.parse_es("expandable_segments:True,expandable_segments:False") is False
+    assert recorder.parse_es(None) is None
+
+
+def test_report_command_renders_a_directory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from autoalloc import cli
+
+    gib = 1024**3
+    base = {"warmup": 1, "cuda": True, "device_name": "NVIDIA H200", "torch": "2.11.0"}
+    for rank, mallocs in ((0, 0), (1, 3)):
+        report = {
+            **base,
+            "rank": {"RANK": rank},
+            "steps": 4,
+            "step_ends_s": [0.1, 0.2, 0.3, 0.4],
+            "cuda_steps": [
+                {
+                    "step": s,
+                    "num_device_alloc": mallocs,
+                    "num_device_free": 0,
+                    "num_alloc_retries": 0,
+                    "num_ooms": 0,
+                    "reserved": 2 * gib,
+                    "allocated": gib,
+                }
+                for s in (2, 3, 4)
+            ],
+            "peak_reserved": 3 * gib,
+            "peak_allocated": 2 * gib,
+            "allocator_settings": {"expandable_segments": True},
+            "decision": {"action": "apply", "rule": "nemo-asr-train"},
+        }
+        (tmp_path / f"r{rank}.json").write_text(json.dumps(report))
+    assert cli.main(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("r")][1:]
+    assert len(rows) == 2 and all("apply nemo-asr-train" in row and "3.00" in row for row in rows)
+    assert "3.00" in rows[1].split()[6]  # rank 1: 3 device mallocs per step
+    assert "device: NVIDIA H200" in out
+    assert cli.main(["report", str(tmp_path / "missing.json")]) == 1
