@@ -348,3 +348,66 @@ def effective_var(env: Mapping[str, str], torch: TorchInfo | None) -> str | None
         if name in env:
             return name
     return None
+
+
+# What a runtime setter call resets. Every parse of an allocator string (the environment's at
+# first use, then each ``_set_allocator_settings`` / ``_accelerator_setAllocatorSettings`` call)
+# first puts these keys back to torch's defaults and then applies the string; every other key
+# keeps the value it had (``parseArgs`` in c10/cuda/CUDACachingAllocator.cpp up to 2.1,
+# c10/cuda/CUDAAllocatorConfig.cpp from 2.2, c10/core/AllocatorConfig.cpp from 2.9). Checked
+# against torch 2.13 and 2.14.1 by tests/test_setter_model.py. Release -> keys, newest last.
+_RESET_SINCE_1_13 = frozenset(
+    {"max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
+)
+SETTER_RESETS: tuple[tuple[tuple[int, int], frozenset[str]], ...] = (((1, 13), _RESET_SINCE_1_13),)
+Pairs = Sequence[tuple[str, str]]
+
+
+def setter_resets(release: tuple[int, int] | None) -> frozenset[str]:
+    """The keys a setter call on torch ``release`` resets unless it names them (None: newest)."""
+    found: frozenset[str] = frozenset()
+    for since, keys in SETTER_RESETS:
+        if release is None or release >= since:
+            found = keys
+    return found
+
+
+def _last_values(pairs: Pairs) -> dict[str, str]:
+    """Each key once, in order of first appearance, with the value torch ends up with."""
+    out: dict[str, str] = {}
+    for key, value in pairs:
+        out[key] = value
+    return out
+
+
+def dropped_by_setter(
+    in_effect: Pairs, call: Pairs, release: tuple[int, int] | None
+) -> list[tuple[str, str]]:
+    """The options in effect that a setter call with ``call`` puts back to torch's default.
+
+    Pure: ``in_effect`` is what torch uses before the call (the string it read, merged with
+    earlier calls), ``call`` the call's parsed string.
+    """
+    resets = setter_resets(release)
+    named = {key for key, _ in call}
+    return [(k, v) for k, v in _last_values(in_effect).items() if k in resets and k not in named]
+
+
+def after_setter(
+    in_effect: Pairs, call: Pairs, release: tuple[int, int] | None
+) -> list[tuple[str, str]]:
+    """The options in effect after a setter call: what it resets is gone, its own keys win."""
+    dropped = {k for k, _ in dropped_by_setter(in_effect, call, release)}
+    ours = _last_values(call)
+    kept = [(k, v) for k, v in _last_values(in_effect).items() if k not in dropped | ours.keys()]
+    return kept + list(ours.items())
+
+
+def merged_for_setter(in_effect: Pairs, call: Pairs) -> list[tuple[str, str]]:
+    """The call's options over what is in effect (its keys win, nothing else is lost).
+
+    ``backend`` is fixed when torch loads: only the call's own is passed on.
+    """
+    base = [(k, v) for k, v in _last_values(in_effect).items() if k != "backend"]
+    merged, _ = merge(base, _last_values(call), override=True)
+    return merged
