@@ -20,6 +20,7 @@ STARTER = """\
 
 # enabled = false          # autoalloc does nothing where this file governs
 # on_conflict = "keep"     # keep | override: when PYTORCH_*ALLOC_CONF already sets a key
+# on_setter = "warn"       # warn | merge: when a later runtime setter call drops options
 # disable = ["nemo-asr-train"]   # switch off rules of lower layers by name
 
 # Options "apply" rules use unless they give their own.

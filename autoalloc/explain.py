@@ -60,6 +60,7 @@ def policy_dict(policy: Policy | None) -> dict[str, Any]:
             "layers": [],
             "enabled": None,
             "on_conflict": None,
+            "on_setter": None,
             "allocator": {},
             "rules": [],
             "inactive_rules": {},
@@ -80,6 +81,7 @@ def policy_dict(policy: Policy | None) -> dict[str, Any]:
         ],
         "enabled": {"value": policy.enabled.value, "from": origin(policy.enabled)},
         "on_conflict": {"value": policy.on_conflict.value, "from": origin(policy.on_conflict)},
+        "on_setter": {"value": policy.on_setter.value, "from": origin(policy.on_setter)},
         "allocator": {
             k: {"value": v.value, "from": origin(v)} for k, v in policy.allocator.items()
         },
@@ -176,6 +178,8 @@ def _render_policy(report: Mapping[str, Any]) -> list[str]:
     lines.append(f"enabled:      {report['enabled']['value']}  [{report['enabled']['from']}]")
     conflict = report["on_conflict"]
     lines.append(f"on_conflict:  {conflict['value']}  [{conflict['from']}]")
+    setter = report["on_setter"]
+    lines.append(f"on_setter:    {setter['value']}  [{setter['from']}]")
     options = ", ".join(f"{k}:{v['value']} [{v['from']}]" for k, v in report["allocator"].items())
     lines.append(f"allocator:    {options}")
     lines.append("rules, in match order:")

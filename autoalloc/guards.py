@@ -5,29 +5,64 @@ on an allocation path):
 
 - torch's runtime setters (``torch._C._accelerator_setAllocatorSettings`` on 2.10+,
   ``torch._C._cuda_cudaCachingAllocator_set_allocator_settings`` before; both reached by
-  ``torch.cuda.memory._set_allocator_settings``): a call that turns expandable segments
-  off or changes the backend after autoalloc applied them gets one warning at the
-  caller's file and line;
+  ``torch.cuda.memory._set_allocator_settings``), in a process where autoalloc applied
+  options or inherited a job's:
+  - a call that turns expandable segments off or changes the backend gets one warning at
+    the caller's file and line;
+  - a call that drops options in effect (every call resets ``max_split_size_mb``,
+    ``roundup_power2_divisions`` and ``garbage_collection_threshold`` unless it names them,
+    see ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
+    from, or, with ``on_setter = "merge"``, passes torch the call's options merged over
+    what is in effect;
+  every call is recorded in ``CALLS`` for ``doctor`` and ``autoalloc.status()``;
 - ``change_current_allocator`` and ``torch.cuda.MemPool(allocator=...)``: the allocator
   options no longer apply to what they allocate.
 
-The wrappers pass arguments, return values and exceptions through unchanged, and wrap
-the C-level setters so that torch's own deprecation warning keeps pointing at user code.
+The wrappers pass arguments, return values and exceptions through unchanged (a string
+torch rejects reaches it as it was given), and wrap the C-level setters so that torch's own
+deprecation warning keeps pointing at user code. Each warning is said once per call site
+and once per job (``AUTOALLOC_WARNED``), on global rank 0 and DataLoader worker 0 only.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autoalloc import allocconf, messages
 
-_SETTERS = ("_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings")
+_SETTERS = (
+    "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"
+)
+# Frames between the user's call and ours: torch's (its deprecated wrapper) and the modules
+# that implement ``@deprecated`` and ``functools.wraps``.
+_NOT_USER = ("typing_extensions.py", "warnings.py", "functools.py")
 _warned: set[tuple[str, str]] = set()
 _installed = False
+
+
+@dataclass
+class SetterCall:
+    """One runtime setter call seen in this process, and what it did to the options in effect."""
+
+    where: str  # the caller's file:line
+    value: str  # the string the caller passed
+    passed: str  # what torch was given (the merged string with on_setter = "merge")
+    dropped: tuple[tuple[str, str], ...]  # options in effect that the call put back to default
+    kept: bool  # on_setter = "merge" kept them
+    error: str | None = None  # torch's exception, if it raised
+
+
+CALLS: list[SetterCall] = []
+# What torch uses now, as autoalloc models it (None until the first guarded call), and
+# where each option came from.
+_effect: list[tuple[str, str]] | None = None
+_origin: dict[str, str] = {}
 
 
 def _intent(state: Any) -> dict[str, str]:
@@ -41,7 +76,9 @@ def _applied_by(state: Any) -> str:
     decision = getattr(state, "decision", None)
     intent = _intent(state)
     options = ",".join(f"{k}:{v}" for k, v in intent.items())
-    return f"rule {decision.rule}: {options}" if decision is not None and decision.rule else options
+    if decision is not None and decision.rule:
+        return f"rule {decision.rule}: {options}"
+    return options
 
 
 def setter_conflicts(intent: dict[str, str], value: object) -> list[str]:
@@ -62,57 +99,231 @@ def setter_conflicts(intent: dict[str, str], value: object) -> list[str]:
     return found
 
 
+def _describe(valued: Any) -> str:
+    source = valued.source
+    if source is None:
+        return "autoalloc's defaults"
+    if valued.rule:
+        return f"rule {valued.rule} in {source.path}"
+    return f"the {source.layer} policy {source.path}"
+
+
+def _user_string(decision: Any, env: Mapping[str, str]) -> tuple[str | None, str]:
+    """The variable the user set that torch reads, and its value before autoalloc changed it."""
+    if decision.action == "inherited":
+        try:
+            original = json.loads(env.get("AUTOALLOC_ORIGINAL") or "null")
+        except ValueError:
+            original = None
+        if not isinstance(original, dict):  # the parent wrote nothing: the string is the user's
+            return decision.read_var, decision.value or ""
+        before = {k: v for k, v in original.items() if isinstance(v, str)}
+    else:
+        before = dict(decision.env_before)
+    var = allocconf.effective_var(before, decision.torch)
+    return var, before.get(var, "") if var else ""
+
+
+def origins(decision: Any, policy: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """Where each option of the string torch reads came from: the user's variable or the policy."""
+    if decision is None or decision.action not in ("apply", "inherited") or not decision.value:
+        return {}
+    try:
+        pairs = allocconf.parse(decision.value)
+        var, text = _user_string(decision, env)
+        user = dict(allocconf.parse(text))
+    except allocconf.ConfError:
+        return {}
+    rule = next((r for r in getattr(policy, "rules", ()) if r.name == decision.rule), None)
+    options = policy.options_for(rule) if rule is not None else {}
+    out = {}
+    for key, value in pairs:
+        if key in user and (user[key] == value or key not in options):
+            out[key] = var or "the environment"
+        elif key in options:
+            out[key] = _describe(options[key])
+        else:
+            out[key] = f"rule {decision.rule}" if decision.rule else "a parent process"
+    return out
+
+
+def reset_message(dropped: list[tuple[str, str]], origin: Mapping[str, str]) -> str:
+    """``resets k:v, k:v (from SOURCE) to torch's defaults; set on_setter = "merge" to keep them``."""
+    groups: dict[str, list[str]] = {}
+    for key, value in dropped:
+        groups.setdefault(origin.get(key, "an earlier call"), []).append(f"{key}:{value}")
+    named = " and ".join(f"{', '.join(items)} (from {source})" for source, items in groups.items())
+    one = len(dropped) == 1
+    return (
+        f"resets {named} to torch's default{'' if one else 's'}; "
+        f'set on_setter = "merge" to keep {"it" if one else "them"}'
+    )
+
+
 def _torch_dir() -> str:
     torch = sys.modules.get("torch")
     return os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
 
 
-def _caller() -> tuple[int, str]:
-    """``stacklevel`` (for a warn in our caller's caller) and ``file:line`` of the first user frame."""
-    skip = (_torch_dir(), messages.PACKAGE_DIR + os.sep, "<frozen importlib")
-    frame = sys._getframe(2)
-    level = 2
-    while frame is not None:
-        name = frame.f_code.co_filename
-        base = os.path.basename(name)
-        if not (name.startswith(skip) or base in ("typing_extensions.py", "warnings.py", "functools.py")):
-            return level, f"{name}:{frame.f_lineno}"
-        frame = frame.f_back
-        level += 1
-    return 2, "<unknown>"
+def _skip() -> tuple[str, ...]:
+    return (_torch_dir(), *_NOT_USER)
 
 
-def _warn_once(key: str, message: str) -> None:
-    """One warning per kind of call and call site (a setter in a loop warns once)."""
-    level, where = _caller()
+def _secondary() -> bool:
+    """A process whose siblings make the same calls: a rank other than global rank 0, or a
+    DataLoader worker other than worker 0 (one warning per job, not one per process)."""
+    if os.environ.get("RANK", "0").strip() not in ("", "0"):
+        return True
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    info = getattr(worker, "_worker_info", None)
+    return info is not None and getattr(info, "id", 0) != 0
+
+
+def _warn_once(key: str, message: str, where: str | None = None) -> None:
+    """One warning per kind of call and call site (a setter in a loop warns once), per job."""
+    if where is None:
+        where = messages.user_frame(_skip())[1]
     if (key, where) in _warned:
         return
     _warned.add((key, where))
-    messages.warn(f"autoalloc: {where}: {message}", stacklevel=level)
+    text = f"autoalloc: {where}: {message}"
+    if _secondary():
+        return
+    from autoalloc.hook import _not_yet_said  # AUTOALLOC_WARNED: what this job said already
+
+    if _not_yet_said([text]):
+        messages.warn(text, skip=_skip())
+
+
+def _in_effect(state: Any) -> list[tuple[str, str]]:
+    """What torch uses before this call: the string it read, then every guarded call since."""
+    global _effect
+    if _effect is None:
+        decision = getattr(state, "decision", None)
+        try:
+            _effect = allocconf.parse(decision.value or "") if _intent(state) else []
+        except allocconf.ConfError:
+            _effect = []
+        _origin.update(origins(decision, getattr(state, "policy", None), os.environ))
+    return _effect
+
+
+@dataclass
+class _Plan:
+    """What a guarded call is about to do, worked out before torch sees it."""
+
+    value: str
+    where: str
+    conflicts: list[str]
+    call: list[tuple[str, str]] | None  # None: a string autoalloc cannot parse (torch decides)
+    dropped: list[tuple[str, str]]
+    merge: bool
+
+
+def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
+    """None where autoalloc applied nothing: such a process is left entirely alone."""
+    intent = _intent(state)
+    value = args[0] if args else kwargs.get("env")
+    if not intent or not isinstance(value, str):
+        return None
+    where = messages.user_frame(_skip())[1]
+    conflicts = setter_conflicts(intent, value)
+    try:
+        call = allocconf.parse(value)
+    except allocconf.ConfError:
+        return _Plan(value, where, conflicts, None, [], False)
+    torch = getattr(state, "torch", None)
+    dropped = allocconf.dropped_by_setter(_in_effect(state), call, torch.release if torch else None)
+    policy = getattr(state, "policy", None)
+    merge = bool(dropped) and policy is not None and policy.on_setter.value == "merge"
+    return _Plan(value, where, conflicts, call, dropped, merge)
+
+
+def _keep(original: Callable[..., Any], plan: _Plan, effect: list[tuple[str, str]]) -> str | None:
+    """on_setter = "merge": give torch the call's options over what is in effect; the string, or None."""
+    merged = allocconf.merged_for_setter(effect, plan.call or [])
+    text = allocconf.serialize(merged)
+    try:
+        allocconf.check_options(merged)
+        original(text)
+    except Exception as exc:  # a combination torch refuses: back to exactly what was asked for
+        try:
+            original(plan.value)
+        except Exception:
+            pass
+        messages.debug(f"{plan.where}: on_setter = merge: torch refuses {text!r} ({exc}); not merged")
+        return None
+    kept = ", ".join(f"{k}:{v}" for k, v in plan.dropped)
+    messages.debug(f"{plan.where}: on_setter = merge: torch gets {text!r} for {plan.value!r} (keeps {kept})")
+    return text
+
+
+def _say(state: Any, plan: _Plan, dropped: list[tuple[str, str]]) -> None:
+    """The one warning for this call: what it undoes of autoalloc's options, what it drops."""
+    parts = []
+    if plan.conflicts:
+        effects = []
+        if "expandable_segments:False" in plan.conflicts:
+            effects.append("memory segments created from now on are not expandable")
+        if any(c.startswith("backend:") for c in plan.conflicts):
+            effects.append("the backend is fixed when torch loads, so torch refuses to change it")
+        parts.append(
+            f"this call sets {', '.join(plan.conflicts)}, undoing what autoalloc applied "
+            f"({_applied_by(state)}); " + "; ".join(effects)
+        )
+    if dropped:
+        parts.append(("it also " if parts else "this call ") + reset_message(dropped, _origin))
+    if parts:
+        _warn_once("setter", "; ".join(parts), plan.where)
+
+
+def _record(state: Any, plan: _Plan, passed: str | None, error: BaseException | None) -> None:
+    """Update the model of what torch uses, and remember the call for doctor and status()."""
+    global _effect
+    torch = getattr(state, "torch", None)
+    release = torch.release if torch else None
+    effect = _in_effect(state)
+    applied = plan.call if error is None and plan.call is not None else []
+    if passed is not None:
+        applied = allocconf.parse(passed)
+    _effect = allocconf.after_setter(effect, applied, release)
+    for key, _ in plan.call or []:
+        _origin[key] = f"the call at {plan.where}"
+    CALLS.append(SetterCall(
+        plan.where, plan.value, passed or plan.value, tuple(plan.dropped), passed is not None,
+        None if error is None else f"{type(error).__name__}: {error}",
+    ))
 
 
 def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any]:
     @functools.wraps(original)
     def setter(*args: Any, **kwargs: Any) -> Any:
         try:
-            intent = _intent(state)
-            conflicts = setter_conflicts(intent, args[0] if args else kwargs.get("env"))
-            if conflicts:
-                effects = []
-                if "expandable_segments:False" in conflicts:
-                    effects.append("memory segments created from now on are not expandable")
-                if any(c.startswith("backend:") for c in conflicts):
-                    effects.append("the backend is fixed when torch loads, so torch refuses to change it")
-                _warn_once(
-                    "setter:" + ",".join(conflicts),
-                    f"this call sets {', '.join(conflicts)}, undoing what autoalloc applied ({_applied_by(state)}); "
-                    + "; ".join(effects),
-                )
+            plan = _plan(state, args, kwargs)
         except Exception:
-            pass
-        return original(*args, **kwargs)
+            plan = None
+        if plan is None:
+            return original(*args, **kwargs)
+        try:
+            result = original(*args, **kwargs)
+        except Exception as exc:
+            _after(original, state, plan, exc)
+            raise
+        _after(original, state, plan, None)
+        return result
 
     return setter
+
+
+def _after(original: Callable[..., Any], state: Any, plan: _Plan, error: BaseException | None) -> None:
+    """Merge or warn once the call has run; never raises."""
+    try:
+        effect = list(_in_effect(state))
+        passed = _keep(original, plan, effect) if plan.merge and error is None else None
+        _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
+        _record(state, plan, passed, error)
+    except Exception as exc:
+        messages.debug(f"internal error in the setter guard: {exc!r}")
 
 
 def _guard_custom_allocator(

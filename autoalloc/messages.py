@@ -59,18 +59,25 @@ def _skipped_by_warnings(filename: str) -> bool:
     return "importlib" in filename and "_bootstrap" in filename
 
 
-def user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a ``warnings.warn`` in our caller land on user code."""
+def user_frame(skip: tuple[str, ...] = ()) -> tuple[int, str]:
+    """The first frame above our caller that is the user's: the ``stacklevel`` that makes a
+    ``warnings.warn`` in our caller land on it, and its ``file:line``.
+
+    autoalloc's and importlib's frames are never the user's; ``skip`` names more: directories
+    (ending in a path separator, e.g. torch's) and file names (a ``@deprecated`` wrapper's).
+    """
+    dirs = tuple(s for s in skip if s.endswith(os.sep))
+    names = {s for s in skip if not s.endswith(os.sep)}
     frame = sys._getframe(1)
     level = 1
     while frame is not None:
         name = frame.f_code.co_filename
-        if not _is_internal(name):
-            return level
+        if not (_is_internal(name) or name.startswith(dirs) or os.path.basename(name) in names):
+            return level, f"{name}:{frame.f_lineno}"
         frame = frame.f_back
         if not _skipped_by_warnings(frame.f_code.co_filename if frame else ""):
             level += 1
-    return 1
+    return 1, "<unknown>"
 
 
 _OWN_CATEGORIES = ("autoalloc.AutoallocWarning", "autoalloc.messages.AutoallocWarning")
@@ -97,14 +104,14 @@ def apply_warnoptions() -> None:
             pass
 
 
-def warn(message: str, stacklevel: int | None = None) -> None:
+def warn(message: str, stacklevel: int | None = None, skip: tuple[str, ...] = ()) -> None:
     """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:``."""
     try:
         apply_warnoptions()
         message = printable(message)
         if not message.startswith("autoalloc:"):
             message = f"autoalloc: {message}"
-        level = user_stacklevel() if stacklevel is None else stacklevel + 1
+        level = user_frame(skip)[0] if stacklevel is None else stacklevel + 1
         warnings.warn(message, AutoallocWarning, stacklevel=level)
     except Exception:  # `-W error` must not turn our advice into the host's crash
         pass

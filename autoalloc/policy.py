@@ -18,8 +18,9 @@ LayerState = Literal["found", "missing", "error", "untrusted", "unset"]
 LAYERS: tuple[LayerName, ...] = get_args(LayerName)
 ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
+SETTER_MODES = ("warn", "merge")  # on_setter: what a later runtime setter call that drops options gets
 
-_TOP_KEYS = {"enabled", "on_conflict", "allocator", "rules", "disable", "trusted_dirs"}
+_TOP_KEYS = {"enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "trusted_dirs"}
 _RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action", "allocator"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 _MAX_LIST = 10_000
@@ -69,6 +70,7 @@ class LayerConfig:
     rules: tuple[Rule, ...] = ()
     disable: tuple[str, ...] = ()
     trusted_dirs: tuple[str, ...] = ()
+    on_setter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,9 @@ def validate(data: object, source: Source, allow_trust: bool = False) -> LayerCo
     on_conflict = data.get("on_conflict")
     if on_conflict is not None and on_conflict not in CONFLICT_MODES:
         raise PolicyError("on_conflict must be 'keep' or 'override'")
+    on_setter = data.get("on_setter")
+    if on_setter is not None and on_setter not in SETTER_MODES:
+        raise PolicyError("on_setter must be 'warn' or 'merge'")
     allocator = _allocator(data["allocator"], "allocator") if "allocator" in data else {}
     raw_rules = data.get("rules", [])
     if not isinstance(raw_rules, list) or len(raw_rules) > _MAX_LIST:
@@ -162,7 +167,7 @@ def validate(data: object, source: Source, allow_trust: bool = False) -> LayerCo
             raise PolicyError(f"two rules are named {name!r}")
     disable = _str_list(data["disable"], "disable") if "disable" in data else ()
     trusted = _str_list(data["trusted_dirs"], "trusted_dirs") if "trusted_dirs" in data else ()
-    return LayerConfig(source, enabled, on_conflict, allocator, rules, disable, trusted)
+    return LayerConfig(source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter)
 
 
 @dataclass(frozen=True)
@@ -189,6 +194,7 @@ class Policy:
     allocator: Mapping[str, Valued]
     rules: tuple[Rule, ...]  # highest layer first, file order within a layer
     dropped: Mapping[str, str]  # rule name -> why it is not active
+    on_setter: Valued = Valued("warn")
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
         """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
@@ -202,12 +208,15 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     """Compose validated layers, given lowest first."""
     enabled = Valued(True)
     on_conflict = Valued("keep")
+    on_setter = Valued("warn")
     allocator: dict[str, Valued] = {k: Valued(v) for k, v in DEFAULT_ALLOCATOR.items()}
     for config in configs:
         if config.enabled is not None:
             enabled = Valued(config.enabled, config.source)
         if config.on_conflict is not None:
             on_conflict = Valued(config.on_conflict, config.source)
+        if config.on_setter is not None:
+            on_setter = Valued(config.on_setter, config.source)
         for key, value in config.allocator.items():
             allocator[key] = Valued(value, config.source)
     rules: list[Rule] = []
@@ -226,4 +235,6 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
                 rules.append(rule)
     order = {layer: i for i, layer in enumerate(LAYERS)}
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
-    return Policy(tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped)
+    return Policy(
+        tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped, on_setter
+    )
