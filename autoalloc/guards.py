@@ -148,7 +148,7 @@ def origins(decision: Any, policy: Any, env: Mapping[str, str]) -> dict[str, str
 
 
 def reset_message(dropped: list[tuple[str, str]], origin: Mapping[str, str]) -> str:
-    """``resets k:v, k:v (from SOURCE) to torch's defaults; set on_setter = "merge" to keep them``."""
+    """``resets k:v, k:v (from SOURCE) to torch's defaults; set on_setter = ...``."""
     groups: dict[str, list[str]] = {}
     for key, value in dropped:
         groups.setdefault(origin.get(key, "an earlier call"), []).append(f"{key}:{value}")
@@ -240,7 +240,7 @@ def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
 
 
 def _keep(original: Callable[..., Any], plan: _Plan, effect: list[tuple[str, str]]) -> str | None:
-    """on_setter = "merge": give torch the call's options over what is in effect; the string, or None."""
+    """on_setter = "merge": torch gets the call's options over what is in effect; that string."""
     merged = allocconf.merged_for_setter(effect, plan.call or [])
     text = allocconf.serialize(merged)
     try:
@@ -254,7 +254,9 @@ def _keep(original: Callable[..., Any], plan: _Plan, effect: list[tuple[str, str
         messages.debug(f"{plan.where}: on_setter = merge: torch refuses {text!r} ({exc}); not merged")
         return None
     kept = ", ".join(f"{k}:{v}" for k, v in plan.dropped)
-    messages.debug(f"{plan.where}: on_setter = merge: torch gets {text!r} for {plan.value!r} (keeps {kept})")
+    messages.debug(
+        f"{plan.where}: on_setter = merge: torch gets {text!r} for {plan.value!r} (keeps {kept})"
+    )
     return text
 
 
@@ -315,7 +317,9 @@ def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any
     return setter
 
 
-def _after(original: Callable[..., Any], state: Any, plan: _Plan, error: BaseException | None) -> None:
+def _after(
+    original: Callable[..., Any], state: Any, plan: _Plan, error: BaseException | None
+) -> None:
     """Merge or warn once the call has run; never raises."""
     try:
         effect = list(_in_effect(state))

@@ -18,7 +18,7 @@ LayerState = Literal["found", "missing", "error", "untrusted", "unset"]
 LAYERS: tuple[LayerName, ...] = get_args(LayerName)
 ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
-SETTER_MODES = ("warn", "merge")  # on_setter: what a later runtime setter call that drops options gets
+SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drops options
 
 _TOP_KEYS = {"enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "trusted_dirs"}
 _RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action", "allocator"}
@@ -236,5 +236,6 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     order = {layer: i for i, layer in enumerate(LAYERS)}
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
     return Policy(
-        tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped, on_setter
+        tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped,
+        on_setter,
     )

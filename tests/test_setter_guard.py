@@ -113,27 +113,31 @@ def test_nemo_pattern_warns_once_naming_each_key(sandbox: Sandbox, torch_python:
     assert out["getter"] == "expandable_segments:True"  # what torch read: the options are gone
     if torch_python == CUDA_PY:
         assert out["snapshot"] == {
-            "max_split_size": -1, "garbage_collection_threshold": 0.0, "expandable_segments": True,
+            "max_split_size": -1, "garbage_collection_threshold": 0.0,
+            "expandable_segments": True,
         }
 
 
 def test_nemo_pattern_with_merge_keeps_every_option(sandbox: Sandbox, torch_python: str) -> None:
     trainer, module = _setup(sandbox)
     sandbox.write("autoalloc.toml", MERGE)
-    result = sandbox.run([str(trainer), "build"], env={**ENV, "AUTOALLOC_DEBUG": "1"}, python=torch_python)
+    env = {**ENV, "AUTOALLOC_DEBUG": "1"}
+    result = sandbox.run([str(trainer), "build"], env=env, python=torch_python)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.split("TRAINER ", 1)[1])
     assert _setter_warnings(autoalloc_warnings(result.stderr)) == []
     merged = f"{USER},expandable_segments:True"
     assert out["getter"] == merged
     note = (
-        f"autoalloc: {module}:{_line(DATALOADER, 'build')}: on_setter = merge: torch gets {merged!r} "
+        f"autoalloc: {module}:{_line(DATALOADER, 'build')}: on_setter = merge: "
+        f"torch gets {merged!r} "
         f"for 'expandable_segments:True' (keeps {USER.replace(',', ', ')})"
     )
     assert note in result.stderr.splitlines()
     if torch_python == CUDA_PY:
         assert out["snapshot"] == {
-            "max_split_size": 512 << 20, "garbage_collection_threshold": 0.8, "expandable_segments": True,
+            "max_split_size": 512 << 20, "garbage_collection_threshold": 0.8,
+            "expandable_segments": True,
         }
 
 
@@ -142,7 +146,8 @@ def test_vllm_pattern(sandbox: Sandbox) -> None:
     out, warned = _run(sandbox, trainer, ["vllm"])
     (setter,) = _setter_warnings(warned)
     assert setter.endswith(
-        f"autoalloc: {module}:{_line(DATALOADER, 'direct')}: this call sets expandable_segments:False, "
+        f"autoalloc: {module}:{_line(DATALOADER, 'direct')}: "
+        "this call sets expandable_segments:False, "
         "undoing what autoalloc applied (rule nemo-asr-train: expandable_segments:True); memory "
         "segments created from now on are not expandable; it also resets "
         f"{USER.replace(',', ', ')} (from PYTORCH_CUDA_ALLOC_CONF) to torch's defaults; "
@@ -175,7 +180,8 @@ def test_kwargs_and_deprecated_path(sandbox: Sandbox) -> None:
     # torch's own FutureWarning still points at the caller's line
     future = [line for line in result.stderr.splitlines() if "FutureWarning" in line]
     assert future == [
-        f"{module}:{_line(DATALOADER, 'kwargs')}: FutureWarning: torch.cuda._set_allocator_settings "
+        f"{module}:{_line(DATALOADER, 'kwargs')}: FutureWarning: "
+        "torch.cuda._set_allocator_settings "
         "is deprecated. Use torch._C._accelerator_setAllocatorSettings instead."
     ]
 
@@ -224,7 +230,9 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 @pytest.mark.parametrize("main_first", [True, False], ids=["main-first", "workers-only"])
-def test_dataloader_workers_warn_once_per_job(sandbox: Sandbox, context: str, main_first: bool) -> None:
+def test_dataloader_workers_warn_once_per_job(
+    sandbox: Sandbox, context: str, main_first: bool
+) -> None:
     trainer = sandbox.write(NEMO, DATALOADER_JOB)
     module = sandbox.write(Path(NEMO).parent / "lib" / "dataloader.py", DATALOADER)
     args = [str(trainer), context, *(["main-first"] if main_first else [])]
@@ -277,9 +285,13 @@ def test_on_setter_policy_key() -> None:
 @pytest.mark.hook
 def test_reset_message_groups_by_source() -> None:
     dropped = [("max_split_size_mb", "512"), ("garbage_collection_threshold", "0.8")]
-    origin = {"max_split_size_mb": "PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold": "rule r in /p"}
+    origin = {
+        "max_split_size_mb": "PYTORCH_CUDA_ALLOC_CONF",
+        "garbage_collection_threshold": "rule r in /p",
+    }
     assert guards.reset_message(dropped, origin) == (
-        "resets max_split_size_mb:512 (from PYTORCH_CUDA_ALLOC_CONF) and garbage_collection_threshold:0.8 "
+        "resets max_split_size_mb:512 (from PYTORCH_CUDA_ALLOC_CONF) and "
+        "garbage_collection_threshold:0.8 "
         "(from rule r in /p) to torch's defaults; set on_setter = \"merge\" to keep them"
     )
 
@@ -289,6 +301,7 @@ def test_explain_shows_on_setter(sandbox: Sandbox) -> None:
     result = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", NEMO])
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["on_setter"] == {"value": "merge", "from": f"project ({sandbox.work / 'autoalloc.toml'})"}
+    where = f"project ({sandbox.work / 'autoalloc.toml'})"
+    assert report["on_setter"] == {"value": "merge", "from": where}
     text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", NEMO]).stdout
-    assert f"on_setter:    merge  [project ({sandbox.work / 'autoalloc.toml'})]" in text.splitlines()
+    assert f"on_setter:    merge  [{where}]" in text.splitlines()
