@@ -242,6 +242,17 @@ def _reported(
         return None, source
 
 
+def _setter_report(reports: Mapping[str, Any]) -> dict[str, Any] | None:
+    from autoalloc import guards
+
+    def parsed(key: str) -> str | bool | None:
+        if reports.get("snapshot") and key in _SNAPSHOT_KEYS:
+            return _reported(key, reports, None)[0]
+        return False  # torch cannot say: guards' model of the calls answers
+
+    return guards.setter_report(parsed, _same)
+
+
 def _same(key: str, intended: str, reported: str | None) -> bool:
     if reported is None:
         return False
@@ -452,6 +463,9 @@ def status() -> Status:
             problems.append(f"autoalloc's hook is not live in this interpreter: {why}")
     reports = _torch_reports(torch) if torch is not None else dict(_NO_REPORTS, errors={})
     reports["imported"] = torch is not None
+    setter = _setter_report(reports)
+    if setter is not None:  # a runtime setter call changed what torch uses since it read the string
+        reports["setter_calls"] = setter
     current = env.get(read_var, "") if read_var else None
     in_effect = _in_effect(intent.options, reports, current, problems)  # 3. against torch
     notes += _platform_notes(info)
@@ -591,6 +605,17 @@ def _render_torch(s: Status) -> list[str]:
     if r["backend"] is not None:
         lines.append(f"backend:      {r['backend']}")
     lines += [f"torch {what} failed: {error}" for what, error in r["errors"].items()]
+    setter = r.get("setter_calls")
+    if setter:
+        count = len(setter["calls"])
+        lines.append(f"setter calls: {count}; what was asked for, and what torch uses now:")
+    for key, v in (setter or {}).get("options", {}).items():
+        now = "torch's default" if v["now"] is None else v["now"]
+        by = f", changed by the call at {v['changed_by']}" if v["changed_by"] else ""
+        lines.append(
+            f"  {key}: asked {v['asked']} (from {v['from']}), torch now uses {now} "
+            f"({v['reported_by']}{by})  {'ok' if v['ok'] else 'LOST'}"
+        )
     for key, v in s.in_effect.items():
         mark = "ok" if v["ok"] else "NOT IN EFFECT"
         lines.append(

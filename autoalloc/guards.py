@@ -60,9 +60,11 @@ class SetterCall:
 
 CALLS: list[SetterCall] = []
 # What torch uses now, as autoalloc models it (None until the first guarded call), and
-# where each option came from.
+# where each option came from; what torch read before the first call, for doctor.
 _effect: list[tuple[str, str]] | None = None
 _origin: dict[str, str] = {}
+_asked: list[tuple[str, str]] = []
+_asked_origin: dict[str, str] = {}
 
 
 def _intent(state: Any) -> dict[str, str]:
@@ -205,6 +207,8 @@ def _in_effect(state: Any) -> list[tuple[str, str]]:
         except allocconf.ConfError:
             _effect = []
         _origin.update(origins(decision, getattr(state, "policy", None), os.environ))
+        _asked[:] = _effect
+        _asked_origin.update(_origin)
     return _effect
 
 
@@ -295,6 +299,51 @@ def _record(state: Any, plan: _Plan, passed: str | None, error: BaseException | 
         plan.where, plan.value, passed or plan.value, tuple(plan.dropped), passed is not None,
         None if error is None else f"{type(error).__name__}: {error}",
     ))
+
+
+def changed_by(calls: list[SetterCall], asked: list[tuple[str, str]]) -> dict[str, str]:
+    """For each option asked for, the last call that dropped it or set it to another value."""
+    want = dict(asked)
+    out: dict[str, str] = {}
+    for call in calls:
+        for key, _ in () if call.kept else call.dropped:
+            out[key] = call.where
+        try:
+            passed = allocconf.parse(call.passed)
+        except allocconf.ConfError:
+            continue
+        for key, value in passed:
+            if key in want and value != want[key]:
+                out[key] = call.where
+    return out
+
+
+def setter_report(
+    snapshot_value: Callable[[str], str | bool | None], same: Callable[[str, str, str | None], bool]
+) -> dict[str, Any] | None:
+    """After runtime setter calls (None before any): each option the environment and the
+    policy asked for, what torch uses now and the call that changed it.
+
+    ``snapshot_value(key)`` is torch's parsed value (``False`` where torch cannot say one,
+    e.g. through the getter, which returns only the last string passed); autoalloc's model
+    of the calls stands in for it there.
+    """
+    if not CALLS:
+        return None
+    model = dict(_effect or [])
+    changed = changed_by(CALLS, _asked)
+    options = {}
+    for key, value in _asked:
+        now = snapshot_value(key)
+        source = "snapshot"
+        if now is False:
+            now, source = model.get(key), "autoalloc's model of the calls"
+        options[key] = {
+            "asked": value, "from": _asked_origin.get(key, "?"), "now": now, "reported_by": source,
+            "changed_by": changed.get(key), "ok": same(key, value, now),  # type: ignore[arg-type]
+        }
+    calls = [dict(vars(call)) for call in CALLS]
+    return {"calls": calls, "options": options}
 
 
 def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any]:

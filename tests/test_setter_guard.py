@@ -305,3 +305,48 @@ def test_explain_shows_on_setter(sandbox: Sandbox) -> None:
     assert report["on_setter"] == {"value": "merge", "from": where}
     text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", NEMO]).stdout
     assert f"on_setter:    merge  [{where}]" in text.splitlines()
+
+
+STATUS_JOB = r"""
+import json, os, sys
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "lib"))
+import torch
+import dataloader
+import autoalloc
+
+dataloader.build()
+status = autoalloc.status()
+print("STATUS " + json.dumps(status.as_dict()["torch_reports"]["setter_calls"]))
+print(str(status))
+"""
+
+
+def test_status_shows_what_a_call_changed(sandbox: Sandbox, torch_python: str) -> None:
+    trainer = sandbox.write(NEMO, STATUS_JOB)
+    module = sandbox.write(Path(NEMO).parent / "lib" / "dataloader.py", DATALOADER)
+    result = sandbox.run([str(trainer)], env=ENV, python=torch_python)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.split("STATUS ", 1)[1].splitlines()[0])
+    where = f"{module}:{_line(DATALOADER, 'build')}"
+    (call,) = report["calls"]
+    assert call == {
+        "where": where, "value": "expandable_segments:True", "passed": "expandable_segments:True",
+        "dropped": [["garbage_collection_threshold", "0.8"], ["max_split_size_mb", "512"]],
+        "kept": False, "error": None,
+    }
+    options = report["options"]
+    assert list(options) == [
+        "garbage_collection_threshold", "max_split_size_mb", "expandable_segments"
+    ]
+    gc, split, segments = options.values()
+    source = "snapshot" if torch_python == CUDA_PY else "autoalloc's model of the calls"
+    assert split == {
+        "asked": "512", "from": "PYTORCH_CUDA_ALLOC_CONF", "now": None, "reported_by": source,
+        "changed_by": where, "ok": False,
+    }
+    assert (gc["from"], gc["changed_by"], gc["ok"]) == ("PYTORCH_CUDA_ALLOC_CONF", where, False)
+    assert (segments["now"], segments["changed_by"], segments["ok"]) == ("True", None, True)
+    assert (
+        f"  max_split_size_mb: asked 512 (from PYTORCH_CUDA_ALLOC_CONF), torch now uses torch's "
+        f"default ({source}, changed by the call at {where})  LOST"
+    ) in result.stdout.splitlines()
