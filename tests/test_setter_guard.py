@@ -350,3 +350,28 @@ def test_status_shows_what_a_call_changed(sandbox: Sandbox, torch_python: str) -
         f"  max_split_size_mb: asked 512 (from PYTORCH_CUDA_ALLOC_CONF), torch now uses torch's "
         f"default ({source}, changed by the call at {where})  LOST"
     ) in result.stdout.splitlines()
+
+
+@pytest.mark.hook
+def test_origins_name_the_variable_the_rule_and_the_file() -> None:
+    from autoalloc.decide import decide
+    from autoalloc.entrypoint import EntryPoint
+    from autoalloc.torchinfo import TorchInfo
+
+    source = policy.Source("project", "/w/autoalloc.toml")
+    rule = {"name": "asr", "scripts": ["train_asr.py"], "allocator": {"roundup_power2_divisions": 4}}
+    composed = policy.compose([policy.validate({"rules": [rule]}, source)])
+    entry = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
+    decision = decide(composed, entry, env, TorchInfo("2.14.1+cu130", cuda="13.0"))
+    expected = {
+        "max_split_size_mb": "PYTORCH_CUDA_ALLOC_CONF",
+        "expandable_segments": "autoalloc's defaults",
+        "roundup_power2_divisions": "rule asr in /w/autoalloc.toml",
+    }
+    assert guards.origins(decision, composed, env) == expected
+    # a child of that job: the parent's record of the user's variables says which keys were theirs
+    child_env = {**env, **decision.writes}
+    child = decide(composed, entry, child_env, TorchInfo("2.14.1+cu130", cuda="13.0"))
+    assert child.action == "inherited"
+    assert guards.origins(child, composed, child_env) == expected
