@@ -359,7 +359,9 @@ def test_origins_name_the_variable_the_rule_and_the_file() -> None:
     from autoalloc.torchinfo import TorchInfo
 
     source = policy.Source("project", "/w/autoalloc.toml")
-    rule = {"name": "asr", "scripts": ["train_asr.py"], "allocator": {"roundup_power2_divisions": 4}}
+    rule = {
+        "name": "asr", "scripts": ["train_asr.py"], "allocator": {"roundup_power2_divisions": 4}
+    }
     composed = policy.compose([policy.validate({"rules": [rule]}, source)])
     entry = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
