@@ -255,7 +255,9 @@ def _keep(original: Callable[..., Any], plan: _Plan, effect: list[tuple[str, str
             original(plan.value)
         except Exception:
             pass
-        messages.debug(f"{plan.where}: on_setter = merge: torch refuses {text!r} ({exc}); not merged")
+        messages.debug(
+            f"{plan.where}: on_setter = merge: torch refuses {text!r} ({exc}); not merged"
+        )
         return None
     kept = ", ".join(f"{k}:{v}" for k, v in plan.dropped)
     messages.debug(
