@@ -130,7 +130,8 @@ SCRIPTS = [
     ("NeMo/examples/slu/speech_intent_slot/speech_intent_slot_train.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/speechlm/speech_to_text_llm_train.py", "nemo-speechlm2-train", "apply"),
     ("NeMo/examples/speechlm/sft/hf.py", "nemo-speechlm2-train", "apply"),
-    ("NeMo/examples/asr/speech_to_text_calibration.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/quantization/speech_to_text_calibrate.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/experimental/sclite/speech_to_text_sclite.py", "asr-inference", "skip"),
     ("NeMo/examples/tts/fastpitch.py", None, "none"),  # tts-train is off until enabled
     # icefall
     ("icefall/egs/librispeech/ASR/zipformer/train.py", "icefall-train", "apply"),
