@@ -14,14 +14,15 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Container, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 
-from autoalloc import entrypoint, sources
-from autoalloc.match import first_match
-from autoalloc.policy import LayerConfig, Policy, Rule, Source, compose, validate
+from autoalloc import entrypoint, plan, sources
+from autoalloc.decide import decide
+from autoalloc.policy import LayerConfig, Policy, Source, compose, validate
+from autoalloc.torchinfo import TorchInfo
 
 CORPUS_FILE = Path(__file__).parent / "corpus" / "entrypoints.json"
 ROWS: list[dict] = json.loads(CORPUS_FILE.read_text(encoding="utf-8"))["rows"]
@@ -30,6 +31,7 @@ OFF_RULES = ("tts-train", "enhancement-train", "classification-train")
 PRECISION_GOAL = 0.97
 RECALL_GOAL = 0.95
 PY = "/venv/bin/python"
+TORCH = TorchInfo("2.13.0", cuda="12.8")
 
 
 def builtin_policy(enable: Iterable[str] = ()) -> Policy:
@@ -41,21 +43,20 @@ def builtin_policy(enable: Iterable[str] = ()) -> Policy:
     return compose(configs)
 
 
-def deciding_rule(policy: Policy, row: dict, root: Path, imported: Container[str]) -> Rule | None:
-    """The rule that decides for the process ``row`` describes. The one call into autoalloc:
-    repoint it when the decision pipeline's API changes."""
+Outcome = tuple[str, "str | None"]  # the decision's action and rule
+
+
+def decision_for(policy: Policy, row: dict, root: Path, imported: Iterable[str]) -> Outcome:
+    """What the decision pipeline decides for the process ``row`` describes, from ``policy``
+    alone: ``autoalloc.plan``'s steps after it has read the layers. The one call into
+    autoalloc: repoint it when the pipeline's API changes."""
     cwd = str(root / row["toolkit"] / row["cwd"])
     argv = row["argv"]
     if argv[0] != "-m" and not argv[0].endswith(".py"):
         argv = [f"/venv/bin/{argv[0]}", *argv[1:]]  # a console script: torchrun, fairseq-train
-    entry, _ = entrypoint.decided_for(entrypoint.parse([PY, *argv], cwd), PY, cwd)
-    return first_match(policy.rules, entry, imported).rule
-
-
-def gets_options(policy: Policy, row: dict, root: Path, imported: Container[str]) -> bool:
-    """Would the process ``row`` describes get the allocator options?"""
-    rule = deciding_rule(policy, row, root, imported)
-    return rule is not None and rule.action == "apply"
+    target, _ = entrypoint.decided_for(entrypoint.parse([PY, *argv], cwd), PY, cwd)
+    decision = decide(policy, plan.utf8_entry(target), {}, TORCH, {*imported, "torch"})
+    return decision.action, decision.rule
 
 
 def imported_modules(row: dict) -> set[str]:
@@ -78,13 +79,13 @@ def checkouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-Decisions = dict[str, "Rule | None"]  # row id -> the deciding rule
+Decisions = dict[str, Outcome]  # row id -> what was decided
 
 
 def decisions(policy: Policy, root: Path, run: bool) -> Decisions:
     """The deciding rule for every row, in one view."""
     return {
-        r["id"]: deciding_rule(policy, r, root, imported_modules(r) if run else ()) for r in ROWS
+        r["id"]: decision_for(policy, r, root, imported_modules(r) if run else ()) for r in ROWS
     }
 
 
@@ -100,8 +101,8 @@ def views(checkouts: Path) -> dict[str, Decisions]:
     }
 
 
-def applies(rule: Rule | None) -> bool:
-    return rule is not None and rule.action == "apply"
+def applies(outcome: Outcome) -> bool:
+    return outcome[0] == "apply"
 
 
 def score(decided: Decisions, positive: str = "TRAIN") -> dict[str, Counter]:
@@ -201,7 +202,9 @@ def test_import_fallback_stays_out_of_toolkit_checkouts(
     inside = [r for r in ROWS if triggers & imported_modules(r)]
     assert sum(r["label"] == "OTHER" for r in inside) > 100  # decoders, aligners, data prep
     for row in inside:
-        rule = views["run"][row["id"]]
-        assert rule is None or rule.name != "asr-toolkit-imports", row["id"]
+        assert views["run"][row["id"]][1] != "asr-toolkit-imports", row["id"]
     moved = dict(inside[0], cwd="", argv=["/home/user/my_project/notebook_export.py"])
-    assert applies(deciding_rule(builtin_policy(), moved, checkouts, imported_modules(moved)))
+    assert decision_for(builtin_policy(), moved, checkouts, imported_modules(moved)) == (
+        "apply",
+        "asr-toolkit-imports",
+    )
