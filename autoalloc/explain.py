@@ -53,6 +53,12 @@ def _rule_dict(rule: Rule) -> dict[str, Any]:
     return out
 
 
+def _switched_on(policy: Policy, rule: Rule) -> dict[str, str]:
+    """``enabled_by`` for a rule that is off until enabled and a layer enabled it."""
+    why = policy.switched_on.get(rule.name) if not rule.enabled else None
+    return {"enabled_by": why.removeprefix("enabled by ")} if why else {}
+
+
 def policy_dict(policy: Policy | None) -> dict[str, Any]:
     """Layers, effective settings with provenance, and rules in match order (empty: not read)."""
     if policy is None:
@@ -85,7 +91,7 @@ def policy_dict(policy: Policy | None) -> dict[str, Any]:
         "allocator": {
             k: {"value": v.value, "from": origin(v)} for k, v in policy.allocator.items()
         },
-        "rules": [_rule_dict(r) for r in policy.rules],
+        "rules": [_rule_dict(r) | _switched_on(policy, r) for r in policy.rules],
         "inactive_rules": dict(policy.dropped),
     }
 
@@ -184,10 +190,9 @@ def _render_policy(report: Mapping[str, Any]) -> list[str]:
     lines.append(f"allocator:    {options}")
     lines.append("rules, in match order:")
     for rule in report["rules"]:
-        about = rule.get("description", "")
-        lines.append(
-            f"  {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]  {about}".rstrip()
-        )
+        note = f"  (enabled by {rule['enabled_by']})" if "enabled_by" in rule else ""
+        head = f"  {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
+        lines.append(f"{head}  {rule.get('description', '')}{note}".rstrip())
     for name, why in report["inactive_rules"].items():
         lines.append(f"  off   {name:<24} {why}")
     return lines

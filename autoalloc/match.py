@@ -2,11 +2,13 @@
 
 A rule holds when its argv condition (if any) holds and any of its lists matches: the
 script path, the ``-m`` module, the console command, or a trigger module that has been
-imported. Pure: an entry point and a set of imported names in, a ``Match`` out.
+imported. Pure: an entry point and a set of imported names in, a ``Match`` out; only
+``inside_checkout`` (an import trigger's ``outside`` markers) looks at the file system.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -61,8 +63,39 @@ def import_trigger(rule: Rule, entry: EntryPoint, imported: Container[str]) -> s
     """The first of the rule's trigger modules that is imported, when the argv condition holds."""
     for name in rule.imports:
         if name in imported and rule.compiled.arguments(entry.args):
-            return name
+            return None if rule.outside and inside_checkout(entry, rule.outside) else name
     return None
+
+
+def inside_checkout(entry: EntryPoint, markers: Sequence[str]) -> str | None:
+    """The toolkit checkout the program belongs to, or None.
+
+    A script (or console command) is inside when a directory above it holds one of
+    ``markers``, files relative to a checkout's root (``nemo/package_info.py``); a ``-m``
+    module is inside when its top-level package is a marker's first directory. The
+    checkout's folder name plays no part: users rename it. At most a few dozen stats.
+    """
+    if entry.kind == "module":
+        top = entry.target.split(".")[0]
+        return next((m for m in markers if "/" in m and m.split("/")[0] == top), None)
+    if entry.kind not in ("script", "command"):
+        return None
+    for path in dict.fromkeys(p for p in (entry.path, entry.realpath) if p):
+        found = _checkout_above(os.path.dirname(path), tuple(markers))
+        if found:
+            return found
+    return None
+
+
+def _checkout_above(directory: str, markers: tuple[str, ...]) -> str | None:
+    while True:
+        for marker in markers:
+            if os.path.isfile(os.path.join(directory, marker)):
+                return directory
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
 
 
 def first_match(rules: Sequence[Rule], entry: EntryPoint, imported: Container[str] = ()) -> Match:

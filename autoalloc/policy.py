@@ -20,8 +20,11 @@ ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
 SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drops options
 
-_TOP_KEYS = {"enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "trusted_dirs"}
-_RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action", "allocator"}
+_TOP_KEYS = {
+    "enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "enable", "trusted_dirs",
+}
+_RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action",
+              "allocator", "enabled", "outside"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 _MAX_LIST = 10_000
 _MAX_STR = 4096
@@ -57,6 +60,8 @@ class Rule:
     argv: tuple[str, ...] = ()
     allocator: Mapping[str, str] = field(default_factory=dict)  # serialized values
     compiled: globs.RulePatterns = field(default=globs.RulePatterns(), compare=False, repr=False)
+    enabled: bool = True  # false: off until a higher layer lists the name in `enable`
+    outside: tuple[str, ...] = ()  # files marking toolkit checkouts where `imports` do not fire
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ class LayerConfig:
     disable: tuple[str, ...] = ()
     trusted_dirs: tuple[str, ...] = ()
     on_setter: str | None = None
+    enable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -135,7 +141,23 @@ def _rule(data: object, index: int, source: Source) -> Rule:
         compiled = globs.compile_rule(lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
     except re.error as exc:
         raise PolicyError(f"{where}: bad pattern ({exc})") from None
-    return Rule(name, source, action, description, allocator=allocator, compiled=compiled, **lists)
+    switches = _rule_switches(data, where)
+    return Rule(name, source, action, description, allocator=allocator, compiled=compiled, **lists,
+                **switches)
+
+
+def _rule_switches(data: dict, where: str) -> dict:
+    """A rule's ``enabled`` flag and ``outside`` markers (checkout-relative file paths)."""
+    enabled = data.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise PolicyError(f"{where}.enabled must be true or false")
+    outside = _str_list(data["outside"], f"{where}.outside") if "outside" in data else ()
+    for marker in outside:
+        parts = marker.split("/")
+        if marker.startswith("/") or "\\" in marker or any(p in ("", ".", "..") for p in parts):
+            raise PolicyError(f"{where}.outside: {marker!r} must be a relative path like "
+                              "'pkg/__init__.py'")
+    return {"enabled": enabled, "outside": outside}
 
 
 def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
@@ -167,7 +189,10 @@ def validate(data: object, source: Source, allow_trust: bool = False) -> LayerCo
             raise PolicyError(f"two rules are named {name!r}")
     disable = _str_list(data["disable"], "disable") if "disable" in data else ()
     trusted = _str_list(data["trusted_dirs"], "trusted_dirs") if "trusted_dirs" in data else ()
-    return LayerConfig(source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter)
+    enable = _str_list(data["enable"], "enable") if "enable" in data else ()
+    return LayerConfig(
+        source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter, enable
+    )
 
 
 @dataclass(frozen=True)
@@ -195,6 +220,7 @@ class Policy:
     rules: tuple[Rule, ...]  # highest layer first, file order within a layer
     dropped: Mapping[str, str]  # rule name -> why it is not active
     on_setter: Valued = Valued("warn")
+    switched_on: Mapping[str, str] = field(default_factory=dict)  # off-by-default rule -> enabled by
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
         """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
@@ -221,13 +247,21 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
             allocator[key] = Valued(value, config.source)
     rules: list[Rule] = []
     dropped: dict[str, str] = {}
+    switched_on: dict[str, str] = {}
     for level, config in enumerate(configs):
         higher = configs[level + 1 :]
         for rule in config.rules:
-            disabler = next((c for c in higher if rule.name in c.disable), None)
+            switch = switched(rule.name, higher)
+            disabler = switch[1] if switch and switch[0] == "disable" else None
             replacer = next((c for c in higher if any(r.name == rule.name for r in c.rules)), None)
             if disabler is not None:
                 dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {disabler.source.describe()}"
+            elif replacer is None and not rule.enabled and switch is None:
+                why = f'off until enabled (enable = ["{rule.name}"])'
+                dropped[f"{rule.name}@{config.source.layer}"] = why
+            elif replacer is None and not rule.enabled and switch is not None:
+                rules.append(rule)
+                switched_on[rule.name] = f"enabled by {switch[1].source.describe()}"
             elif replacer is not None:
                 why = f"replaced by the rule of the same name in {replacer.source.describe()}"
                 dropped[f"{rule.name}@{config.source.layer}"] = why
@@ -237,5 +271,16 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
     return Policy(
         tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped,
-        on_setter,
+        on_setter, switched_on,
     )
+
+
+def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfig] | None:
+    """``("enable" | "disable", layer)`` from the highest of ``configs`` (lowest first) that lists
+    ``name`` in ``enable`` or ``disable`` (``disable`` wins within one layer), else None."""
+    for config in reversed(configs):
+        if name in config.disable:
+            return "disable", config
+        if name in config.enable:
+            return "enable", config
+    return None

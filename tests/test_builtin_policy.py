@@ -1,4 +1,4 @@
-"""The built-in policy (autoalloc/builtin.toml) against realistic toolkit layouts, in process (no torch).
+"""The built-in policy (autoalloc/builtin.toml) against realistic toolkit layouts, in process.
 
 Every case goes through the same functions the hook uses: ``entrypoint.parse`` of a full
 interpreter command line, ``sources.load`` of every layer (user/site/project isolated
@@ -15,8 +15,8 @@ import pytest
 
 from autoalloc import entrypoint, sources
 from autoalloc.decide import decide
-from autoalloc.explain import explain
-from autoalloc.policy import Source, validate
+from autoalloc.explain import explain, render
+from autoalloc.policy import PolicyError, Source, validate
 from autoalloc.torchinfo import TorchInfo
 
 pytestmark = pytest.mark.hook
@@ -24,16 +24,23 @@ pytestmark = pytest.mark.hook
 PY = "/venv/bin/python"
 TORCH = TorchInfo("2.13.0", cuda="12.8")
 BUILTIN_TEXT = Path(sources.BUILTIN_PATH).read_text(encoding="utf-8")
-BUILTIN = validate(sources.parse_toml(BUILTIN_TEXT.encode()), Source("builtin", sources.BUILTIN_PATH))
+BUILTIN = validate(
+    sources.parse_toml(BUILTIN_TEXT.encode()), Source("builtin", sources.BUILTIN_PATH)
+)
 
 
 @pytest.fixture
 def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary root with its own (empty) user and site config dirs; returns the checkout root."""
+    """A temporary root with its own (empty) user and site config dirs; returns the source root."""
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
     monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "xdg-site"))
-    for name in ("AUTOALLOC_CONFIG", "AUTOALLOC_TRUSTED_DIRS", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+    for name in (
+        "AUTOALLOC_CONFIG",
+        "AUTOALLOC_TRUSTED_DIRS",
+        "PYTORCH_CUDA_ALLOC_CONF",
+        "PYTORCH_ALLOC_CONF",
+    ):
         monkeypatch.delenv(name, raising=False)
     src = tmp_path / "src"
     src.mkdir()
@@ -48,13 +55,15 @@ def user_policy(world: Path, text: str) -> Path:
 
 
 def decision_for(argv: list[str], cwd: Path, imported: set[str] = frozenset()):
-    """What the hook would decide for ``python *argv`` started in ``cwd``, with ``imported`` loaded."""
+    """What the hook would decide for ``python *argv`` run in ``cwd`` with ``imported`` loaded."""
     entry = entrypoint.parse([PY, *argv], str(cwd))
     policy = sources.load(entry, dict(os.environ), str(cwd))
     return decide(policy, entry, dict(os.environ), TORCH, imported)
 
 
-def rule_for(argv: list[str], cwd: Path, imported: set[str] = frozenset()) -> tuple[str, str | None]:
+def rule_for(
+    argv: list[str], cwd: Path, imported: set[str] = frozenset()
+) -> tuple[str, str | None]:
     d = decision_for(argv, cwd, imported)
     return d.action, d.rule
 
@@ -65,13 +74,21 @@ SCRIPTS = [
     ("NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/asr_transducer/speech_to_text_rnnt_bpe.py", "nemo-asr-train", "apply"),
-    ("NeMo/examples/asr/asr_hybrid_transducer_ctc/speech_to_text_hybrid_rnnt_ctc_bpe.py", "nemo-asr-train", "apply"),
+    (
+        "NeMo/examples/asr/asr_hybrid_transducer_ctc/speech_to_text_hybrid_rnnt_ctc_bpe.py",
+        "nemo-asr-train",
+        "apply",
+    ),
     ("NeMo/examples/asr/speech_multitask/speech_to_text_aed.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/speech_to_text_finetune.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/asr_with_tts/speech_to_text_bpe_with_text.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/asr_adapters/train_asr_adapter.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/speech_pretraining/speech_pre_training.py", "nemo-asr-train", "apply"),
-    ("NeMo/examples/asr/speech_pretraining/masked_token_pred_pretrain.py", "nemo-asr-train", "apply"),
+    (
+        "NeMo/examples/asr/speech_pretraining/masked_token_pred_pretrain.py",
+        "nemo-asr-train",
+        "apply",
+    ),
     ("NeMo/examples/asr/asr_eou/speech_to_text_rnnt_eou_train.py", "nemo-asr-train", "apply"),
     ("NeMo/examples/asr/distillation/distill.py", "nemo-asr-train", "apply"),
     ("Speech/examples/speechlm2/salm_train.py", "nemo-speechlm2-train", "apply"),
@@ -83,15 +100,39 @@ SCRIPTS = [
     ("NeMo/examples/asr/asr_eou/speech_to_text_rnnt_eou_eval.py", "asr-inference", "skip"),
     ("NeMo/examples/asr/asr_ctc/inference.py", "asr-inference", "skip"),
     ("NeMo/examples/asr/asr_streaming/speech_to_text_streaming_infer.py", "asr-inference", "skip"),
-    ("NeMo/examples/asr/speech_multitask/speech_to_text_aed_chunked_infer.py", "asr-inference", "skip"),
-    ("NeMo/examples/asr/asr_chunked_inference/rnnt/speech_to_text_buffered_infer_rnnt.py", "asr-inference", "skip"),
-    ("NeMo/examples/asr/asr_cache_aware_streaming/speech_to_text_with_streaming_sortformer.py", "asr-inference", "skip"),
+    (
+        "NeMo/examples/asr/speech_multitask/speech_to_text_aed_chunked_infer.py",
+        "asr-inference",
+        "skip",
+    ),
+    (
+        "NeMo/examples/asr/asr_chunked_inference/rnnt/speech_to_text_buffered_infer_rnnt.py",
+        "asr-inference",
+        "skip",
+    ),
+    (
+        "NeMo/examples/asr/asr_cache_aware_streaming/speech_to_text_with_streaming_sortformer.py",
+        "asr-inference",
+        "skip",
+    ),
     ("NeMo/examples/asr/asr_vad/speech_to_text_with_vad.py", "asr-inference", "skip"),
     ("Speech/examples/speechlm2/salm_generate.py", "asr-inference", "skip"),
     ("Speech/examples/speechlm2/salm_eval.py", "asr-inference", "skip"),
     # NeMo tools that are neither: no rule
     ("NeMo/examples/asr/speech_pretraining/extract_embeddings.py", None, "none"),
     ("NeMo/examples/asr/speech_pretraining/load_wav2vec_weights.py", None, "none"),
+    # NeMo speech translation, SLU and speech-LLM trainers; calibration is not training
+    (
+        "NeMo/examples/asr/speech_translation/speech_to_text_transformer.py",
+        "nemo-asr-train",
+        "apply",
+    ),
+    ("NeMo/examples/slu/speech_intent_slot/speech_intent_slot_train.py", "nemo-asr-train", "apply"),
+    ("NeMo/examples/speechlm/speech_to_text_llm_train.py", "nemo-speechlm2-train", "apply"),
+    ("NeMo/examples/speechlm/sft/hf.py", "nemo-speechlm2-train", "apply"),
+    ("NeMo/examples/asr/quantization/speech_to_text_calibrate.py", "asr-inference", "skip"),
+    ("NeMo/examples/asr/experimental/sclite/speech_to_text_sclite.py", "asr-inference", "skip"),
+    ("NeMo/examples/tts/fastpitch.py", None, "none"),  # tts-train is off until enabled
     # icefall
     ("icefall/egs/librispeech/ASR/zipformer/train.py", "icefall-train", "apply"),
     ("icefall/egs/librispeech/ASR/zipformer/finetune.py", "icefall-train", "apply"),
@@ -104,26 +145,104 @@ SCRIPTS = [
     ("icefall/egs/librispeech/ASR/local/train_bpe_model.py", "asr-data-prep", "skip"),
     ("icefall/egs/librispeech/ASR/local/compute_fbank_librispeech.py", "asr-data-prep", "skip"),
     ("icefall/egs/ljspeech/TTS/vits/train.py", None, "none"),
+    # icefall speech-to-text tasks beyond ASR/
+    ("icefall/egs/librispeech/ASR_v2/zipformer/train.py", "icefall-train", "apply"),
+    ("icefall/egs/mls_english/ASR_LLM/whisper_llm_zh/train.py", "icefall-train", "apply"),
+    ("icefall/egs/iwslt22_ta/ST/zipformer/train.py", "icefall-train", "apply"),
+    ("icefall/egs/slu/SLU/transducer/train.py", "icefall-train", "apply"),
+    ("icefall/egs/libricss/SURT/dprnn_zipformer/train_adapt.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/SSL/hubert/pretrain.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/SSL/hubert/finetune_ce.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/WSASR/conformer_ctc2/train_phone.py", "icefall-train", "apply"),
+    ("icefall/egs/grid/VSR/visualnet_ctc_vsr/train.py", "icefall-train", "apply"),
+    ("icefall/egs/librispeech/ST/zipformer/decode.py", "asr-inference", "skip"),
+    ("icefall/egs/librispeech/ASR/rnn_lm/train.py", "asr-data-prep", "skip"),  # a text LM
+    ("icefall/egs/librispeech/ASR/transformer_lm/train.py", "asr-data-prep", "skip"),
+    ("icefall/egs/wenetspeech/KWS/zipformer/train.py", None, "none"),
     # WeNet
     ("wenet/wenet/bin/train.py", "wenet-train", "apply"),
     ("wenet/wenet/bin/average_model.py", None, "none"),
     # SpeechBrain
     ("speechbrain/recipes/LibriSpeech/ASR/transformer/train.py", "speechbrain-asr-train", "apply"),
-    ("speechbrain/recipes/LibriSpeech/ASR/CTC/train_with_wav2vec.py", "speechbrain-asr-train", "apply"),
-    ("speechbrain/recipes/CommonVoice/ASR/seq2seq/train_with_whisper.py", "speechbrain-asr-train", "apply"),
+    (
+        "speechbrain/recipes/LibriSpeech/ASR/CTC/train_with_wav2vec.py",
+        "speechbrain-asr-train",
+        "apply",
+    ),
+    (
+        "speechbrain/recipes/CommonVoice/ASR/seq2seq/train_with_whisper.py",
+        "speechbrain-asr-train",
+        "apply",
+    ),
     ("speechbrain/recipes/LibriSpeech/Tokenizer/train.py", None, "none"),
+    ("speechbrain/recipes/SLURP/direct/train_with_wav2vec2.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/timers-and-such/multistage/train.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/MEDIA/SLU/CTC/train_hf_wav2vec.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/CoVoST/AST/train.py", "speechbrain-asr-train", "apply"),
+    (
+        "speechbrain/recipes/Fisher-Callhome-Spanish/ST/transformer/train.py",
+        "speechbrain-asr-train",
+        "apply",
+    ),
+    (
+        "speechbrain/recipes/LibriSpeech/self-supervised-learning/BEST-RQ/train.py",
+        "speechbrain-asr-train",
+        "apply",
+    ),
+    ("speechbrain/recipes/Voicebank/MTL/ASR_enhance/train.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/templates/speech_recognition/ASR/train.py", "speechbrain-asr-train", "apply"),
+    ("speechbrain/recipes/SLURP/NLU/train.py", None, "none"),  # text NLU
+    ("speechbrain/recipes/LibriMix/separation/train.py", None, "none"),  # enhancement-train is off
     # Hugging Face transformers examples
-    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc.py", "hf-asr-examples", "apply"),
-    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc_adapter.py", "hf-asr-examples", "apply"),
-    ("transformers/examples/pytorch/speech-recognition/run_speech_recognition_seq2seq.py", "hf-asr-examples", "apply"),
+    (
+        "transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc.py",
+        "hf-asr-examples",
+        "apply",
+    ),
+    (
+        "transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc_adapter.py",
+        "hf-asr-examples",
+        "apply",
+    ),
+    (
+        "transformers/examples/pytorch/speech-recognition/run_speech_recognition_seq2seq.py",
+        "hf-asr-examples",
+        "apply",
+    ),
+    (
+        "transformers/examples/pytorch/speech-recognition/run_speech_recognition_ctc_streaming.py",
+        "hf-asr-examples",
+        "apply",
+    ),
+    (
+        "transformers/examples/pytorch/speech-pretraining/run_wav2vec2_pretraining_no_trainer.py",
+        "hf-asr-examples",
+        "apply",
+    ),
     ("transformers/examples/pytorch/text-classification/run_glue.py", None, "none"),
+    (
+        "transformers/examples/pytorch/audio-classification/run_audio_classification.py",
+        None,
+        "none",
+    ),
     # torchaudio recipes
     ("audio/examples/asr/librispeech_conformer_rnnt/train.py", "torchaudio-asr-recipes", "apply"),
-    ("audio/examples/asr/librispeech_conformer_rnnt_biasing/train.py", "torchaudio-asr-recipes", "apply"),
+    (
+        "audio/examples/asr/librispeech_conformer_rnnt_biasing/train.py",
+        "torchaudio-asr-recipes",
+        "apply",
+    ),
     ("audio/examples/asr/emformer_rnnt/train.py", "torchaudio-asr-recipes", "apply"),
     ("audio/examples/hubert/train.py", "torchaudio-asr-recipes", "apply"),
     ("audio/examples/hubert/finetune.py", "torchaudio-asr-recipes", "apply"),
     ("audio/examples/asr/librispeech_conformer_rnnt/eval.py", None, "none"),
+    ("audio/examples/asr/avsr_rnnt/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/asr/librispeech_conformer_ctc/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/avsr/train.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/self_supervised_learning/train_hubert.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/pipeline_wav2letter/main.py", "torchaudio-asr-recipes", "apply"),
+    ("audio/examples/asr/avsr_rnnt/train_spm.py", None, "none"),
+    ("audio/examples/source_separation/train.py", None, "none"),
     # not ASR at all
     ("project/train.py", None, "none"),
 ]
@@ -141,7 +260,9 @@ def test_script_layouts(world: Path, script: str, rule: str | None, action: str)
 
 def test_icefall_relative_launch_resolves_against_cwd(world: Path) -> None:
     recipe = world / "icefall/egs/librispeech/ASR"
-    assert rule_for(["./zipformer/train.py", "--world-size", "4", "--max-duration", "1000"], recipe) == (
+    assert rule_for(
+        ["./zipformer/train.py", "--world-size", "4", "--max-duration", "1000"], recipe
+    ) == (
         "apply",
         "icefall-train",
     )
@@ -165,11 +286,18 @@ def test_symlinked_checkouts(world: Path) -> None:
     assert rule_for(["train.py"], exp) == ("apply", "icefall-train")
     # a whole checkout reached through a symlink with an unrelated name
     (world / "current").symlink_to(world / "icefall")
-    assert rule_for([str(world / "current/egs/librispeech/ASR/zipformer/train.py")], world) == ("apply", "icefall-train")
+    assert rule_for([str(world / "current/egs/librispeech/ASR/zipformer/train.py")], world) == (
+        "apply",
+        "icefall-train",
+    )
 
 
 MODULES = [
-    (["-m", "espnet2.bin.asr_train", "--ngpu", "1", "--batch_type", "numel"], "espnet2-asr-train", "apply"),
+    (
+        ["-m", "espnet2.bin.asr_train", "--ngpu", "1", "--batch_type", "numel"],
+        "espnet2-asr-train",
+        "apply",
+    ),
     (["-m", "espnet2.bin.asr_transducer_train"], "espnet2-asr-train", "apply"),
     (["-m", "espnet2.bin.s2t_train"], "espnet2-asr-train", "apply"),
     (["-m", "espnet2.bin.hubert_train"], "espnet2-asr-train", "apply"),
@@ -178,20 +306,97 @@ MODULES = [
     (["-m", "espnet2.bin.asr_inference_streaming"], "asr-inference", "skip"),
     (["-m", "espnet2.bin.s2t_inference"], "asr-inference", "skip"),
     (["-m", "espnet2.bin.tts_train"], None, "none"),
-    (["-m", "espnet2.bin.launch", "--cmd", "run.pl", "--", "python3", "-m", "espnet2.bin.asr_train"], None, "none"),
+    (["-m", "espnet2.bin.s2t_train_ctc"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.ssl_train"], "espnet2-asr-train", "apply"),
+    (["-m", "espnet2.bin.avsr_train"], "espnet2-asr-train", "apply"),
+    (
+        ["-m", "espnet2.bin.asr_train", "--collect_stats", "true", "--config", "conf/train.yaml"],
+        "espnet2-collect-stats",
+        "skip",
+    ),
+    (["-m", "espnet2.bin.s2t_train", "--collect_stats=true"], "espnet2-collect-stats", "skip"),
+    (["-m", "espnet2.bin.lm_train"], None, "none"),
+    (
+        [
+            "-m",
+            "espnet2.bin.launch",
+            "--cmd",
+            "run.pl",
+            "--",
+            "python3",
+            "-m",
+            "espnet2.bin.asr_train",
+        ],
+        None,
+        "none",
+    ),
     (["-m", "wenet.bin.train", "--config", "conf/train_conformer.yaml"], "wenet-train", "apply"),
     (["-m", "wenet.bin.recognize"], "asr-inference", "skip"),
     (["-m", "vllm.entrypoints.openai.api_server", "--model", "x"], "llm-serving", "skip"),
     (["-m", "vllm"], "llm-serving", "skip"),
     (["-m", "sglang.launch_server"], "llm-serving", "skip"),
     (["-m", "vllm_asr_tools.train"], None, "none"),
-    (["-m", "fairseq_cli.hydra_train", "--config-dir", "examples/wav2vec/config/pretraining"], "fairseq-audio-train", "apply"),
+    (
+        ["-m", "fairseq_cli.hydra_train", "--config-dir", "examples/wav2vec/config/pretraining"],
+        "fairseq-audio-train",
+        "apply",
+    ),
     (["-m", "fairseq_cli.train", "data-bin/iwslt14", "--arch", "transformer"], None, "none"),
+    (
+        [
+            "-m",
+            "fairseq_cli.hydra_train",
+            "--config-dir",
+            "examples/data2vec/config/audio/pretraining",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (
+        [
+            "-m",
+            "fairseq_cli.hydra_train",
+            "--config-dir",
+            "examples/data2vec/config/text/pretraining",
+        ],
+        None,
+        "none",
+    ),
+    (
+        [
+            "-m",
+            "fairseq_cli.hydra_train",
+            "--config-dir",
+            "examples/data2vec/config/vision/finetuning",
+        ],
+        None,
+        "none",
+    ),
+    # fairseq launched as a script from its checkout
+    (
+        [
+            "fairseq/fairseq_cli/hydra_train.py",
+            "-m",
+            "--config-dir",
+            "examples/hubert/config/pretrain",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (
+        ["fairseq/train.py", "/manifest", "--arch", "wav2vec2", "--task", "audio_pretraining"],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (["fairseq/train.py", "data-bin/wmt", "--task", "translation"], None, "none"),
 ]
 
 
-@pytest.mark.parametrize(("argv", "rule", "action"), MODULES, ids=[" ".join(a[:2]) for a, _, _ in MODULES])
+@pytest.mark.parametrize(
+    ("argv", "rule", "action"), MODULES, ids=[" ".join(a[:3]) for a, _, _ in MODULES]
+)
 def test_modules(world: Path, argv: list[str], rule: str | None, action: str) -> None:
+    argv = [str(world / a) if a.endswith(".py") else a for a in argv]
     assert rule_for(argv, world) == (action, rule)
 
 
@@ -204,59 +409,225 @@ def _command(world: Path, name: str) -> str:
 
 COMMANDS = [
     (
-        ["fairseq-hydra-train", "task.data=/data/librispeech", "--config-dir", "/src/fairseq/examples/wav2vec/config/pretraining",
-         "--config-name", "wav2vec2_base_librispeech"],
-        "fairseq-audio-train", "apply",
+        [
+            "fairseq-hydra-train",
+            "task.data=/data/librispeech",
+            "--config-dir",
+            "/src/fairseq/examples/wav2vec/config/pretraining",
+            "--config-name",
+            "wav2vec2_base_librispeech",
+        ],
+        "fairseq-audio-train",
+        "apply",
     ),
-    (["fairseq-hydra-train", "--config-dir", "examples/hubert/config/pretrain", "--config-name", "hubert_base_librispeech"],
-     "fairseq-audio-train", "apply"),
-    (["fairseq-hydra-train", "--config-dir", "examples/data2vec/config/audio/pretraining", "--config-name", "base_librispeech"],
-     "fairseq-audio-train", "apply"),
-    (["fairseq-train", "/data/mustc/en-de", "--config-yaml", "config_st.yaml", "--task", "speech_to_text"],
-     "fairseq-audio-train", "apply"),
-    (["fairseq-train", "/data", "--task", "Audio_Pretraining"], "fairseq-audio-train", "apply"),  # argv is case-insensitive
-    (["fairseq-train", "data-bin/wmt16_en_de", "--arch", "transformer_wmt_en_de", "--task", "translation"], None, "none"),
-    (["fairseq-hydra-train", "--config-dir", "examples/roberta/config/pretraining", "--config-name", "base"], None, "none"),
+    (
+        [
+            "fairseq-hydra-train",
+            "--config-dir",
+            "examples/hubert/config/pretrain",
+            "--config-name",
+            "hubert_base_librispeech",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (
+        [
+            "fairseq-hydra-train",
+            "--config-dir",
+            "examples/data2vec/config/audio/pretraining",
+            "--config-name",
+            "base_librispeech",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (
+        [
+            "fairseq-train",
+            "/data/mustc/en-de",
+            "--config-yaml",
+            "config_st.yaml",
+            "--task",
+            "speech_to_text",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    (
+        ["fairseq-train", "/data", "--task", "Audio_Pretraining"],
+        "fairseq-audio-train",
+        "apply",
+    ),  # argv is case-insensitive
+    (
+        [
+            "fairseq-train",
+            "data-bin/wmt16_en_de",
+            "--arch",
+            "transformer_wmt_en_de",
+            "--task",
+            "translation",
+        ],
+        None,
+        "none",
+    ),
+    (
+        [
+            "fairseq-hydra-train",
+            "--config-dir",
+            "examples/roberta/config/pretraining",
+            "--config-name",
+            "base",
+        ],
+        None,
+        "none",
+    ),
+    (
+        ["fairseq-train", "/data/mustc/en-de", "--task", "speech_to_text_head_selection"],
+        "fairseq-audio-train",
+        "apply",
+    ),
+    # text and TTS tasks that merely mention speech in an argument
+    (
+        ["fairseq-train", "data-bin/tts", "--task", "text_to_speech", "--arch", "tts_transformer"],
+        None,
+        "none",
+    ),
+    (
+        ["fairseq-train", "data-bin/wmt", "--task", "translation", "--save-dir", "ckpt/speech_mt"],
+        None,
+        "none",
+    ),
+    (
+        [
+            "fairseq-hydra-train",
+            "--config-dir",
+            "examples/data2vec/config/v2",
+            "--config-name",
+            "base_text_only_task",
+        ],
+        None,
+        "none",
+    ),
+    (
+        [
+            "fairseq-hydra-train",
+            "--config-dir",
+            "examples/data2vec/config/v2",
+            "--config-name",
+            "base_audio_only_task",
+        ],
+        "fairseq-audio-train",
+        "apply",
+    ),
     (["vllm", "serve", "nvidia/canary-qwen-2.5b"], "llm-serving", "skip"),
     (["sglang-router"], "llm-serving", "skip"),
 ]
 
 
-@pytest.mark.parametrize(("argv", "rule", "action"), COMMANDS, ids=[" ".join(a[:3]) for a, _, _ in COMMANDS])
+@pytest.mark.parametrize(
+    ("argv", "rule", "action"), COMMANDS, ids=[" ".join(a[:3]) for a, _, _ in COMMANDS]
+)
 def test_console_scripts(world: Path, argv: list[str], rule: str | None, action: str) -> None:
     assert rule_for([_command(world, argv[0]), *argv[1:]], world) == (action, rule)
 
 
 IMPORTS = [
     # (entry point argv, modules imported when the decision is made, rule, action)
-    (["-c", "import nemo.collections.asr"], {"nemo", "nemo.collections", "nemo.collections.asr"}, "asr-toolkit-imports", "apply"),
+    (
+        ["-c", "import nemo.collections.asr"],
+        {"nemo", "nemo.collections", "nemo.collections.asr"},
+        "asr-toolkit-imports",
+        "apply",
+    ),
     (["-c", "..."], {"icefall", "icefall.utils"}, "asr-toolkit-imports", "apply"),
     (["-c", "..."], {"espnet2.train.trainer"}, "asr-toolkit-imports", "apply"),
     (["-c", "..."], {"lhotse", "lhotse.dataset"}, None, "none"),  # lhotse alone is data prep too
     (["-c", "..."], {"nemo.collections.asr", "torch_memory_saver"}, "torch-memory-saver", "skip"),
     (["-c", "..."], {"nemo.collections.asr", "vllm"}, "llm-serving", "skip"),
     # deny by import wins over a built-in allow by script
-    (["NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"], {"torch_memory_saver"}, "torch-memory-saver", "skip"),
+    (
+        ["NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"],
+        {"torch_memory_saver"},
+        "torch-memory-saver",
+        "skip",
+    ),
     (["icefall/egs/librispeech/ASR/zipformer/train.py"], {"sglang"}, "llm-serving", "skip"),
     # deny by script wins over the import fallback
     (["NeMo/examples/asr/transcribe_speech.py"], {"nemo.collections.asr"}, "asr-inference", "skip"),
     (["icefall/egs/librispeech/ASR/zipformer/decode.py"], {"icefall"}, "asr-inference", "skip"),
-    (["icefall/egs/librispeech/ASR/local/compute_fbank_librispeech.py"], {"icefall", "lhotse"}, "asr-data-prep", "skip"),
+    (
+        ["icefall/egs/librispeech/ASR/local/compute_fbank_librispeech.py"],
+        {"icefall", "lhotse"},
+        "asr-data-prep",
+        "skip",
+    ),
     (["-m", "espnet2.bin.asr_inference"], {"espnet2.train.trainer"}, "asr-inference", "skip"),
     # an allow by script decides before the import fallback is looked at
-    (["NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py"], {"nemo.collections.asr"}, "nemo-asr-train", "apply"),
+    (
+        ["NeMo/examples/asr/asr_ctc/speech_to_text_ctc.py"],
+        {"nemo.collections.asr"},
+        "nemo-asr-train",
+        "apply",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("argv", "imported", "rule", "action"), IMPORTS, ids=[f"{a[0]}+{sorted(i)[0]}" for a, i, _, _ in IMPORTS])
-def test_import_signals(world: Path, argv: list[str], imported: set[str], rule: str | None, action: str) -> None:
+@pytest.mark.parametrize(
+    ("argv", "imported", "rule", "action"),
+    IMPORTS,
+    ids=[f"{a[0]}+{sorted(i)[0]}" for a, i, _, _ in IMPORTS],
+)
+def test_import_signals(
+    world: Path, argv: list[str], imported: set[str], rule: str | None, action: str
+) -> None:
     argv = [str(world / a) if a.endswith(".py") else a for a in argv]
     assert rule_for(argv, world, imported) == (action, rule)
 
 
+# Rules that are off until a layer lists them in `enable`: (argv, the rule once enabled)
+OFF_CASES = [
+    (["NeMo/examples/tts/fastpitch.py"], "tts-train"),
+    (["icefall/egs/ljspeech/TTS/vits/train.py"], "tts-train"),
+    (["speechbrain/recipes/LJSpeech/TTS/vocoder/hifigan/train.py"], "tts-train"),
+    (["audio/examples/pipeline_tacotron2/train.py"], "tts-train"),
+    (["-m", "espnet2.bin.gan_tts_train"], "tts-train"),
+    (["NeMo/examples/audio/audio_to_audio_train.py"], "enhancement-train"),
+    (["speechbrain/recipes/LibriMix/separation/train.py"], "enhancement-train"),
+    (["audio/examples/source_separation/lightning_train.py"], "enhancement-train"),
+    (["-m", "espnet2.bin.enh_train"], "enhancement-train"),
+    (
+        ["NeMo/examples/speaker_tasks/diarization/neural_diarizer/sortformer_diar_train.py"],
+        "classification-train",
+    ),
+    (["NeMo/examples/asr/speech_classification/speech_to_label.py"], "classification-train"),
+    (["icefall/egs/wenetspeech/KWS/zipformer/train.py"], "classification-train"),
+    (
+        ["speechbrain/recipes/VoxCeleb/SpeakerRec/train_speaker_embeddings.py"],
+        "classification-train",
+    ),
+    (
+        ["transformers/examples/pytorch/audio-classification/run_audio_classification.py"],
+        "classification-train",
+    ),
+    (["-m", "espnet2.bin.spk_train"], "classification-train"),
+]
+
+
+@pytest.mark.parametrize(("argv", "rule"), OFF_CASES, ids=[a[-1] for a, _ in OFF_CASES])
+def test_off_rules_apply_only_once_enabled(world: Path, argv: list[str], rule: str) -> None:
+    argv = [str(world / a) if a.endswith(".py") else a for a in argv]
+    assert rule_for(argv, world) == ("none", None)
+    user_policy(world, f'enable = ["{rule}"]\n')
+    assert rule_for(argv, world) == ("apply", rule)
+
+
 def test_every_builtin_rule_is_proven_by_a_case() -> None:
     proven = {r for _, r, _ in SCRIPTS + MODULES + COMMANDS} | {r for _, _, r, _ in IMPORTS}
+    proven |= {r for _, r in OFF_CASES}
     assert {rule.name for rule in BUILTIN.rules} <= proven
+    off = {rule.name for rule in BUILTIN.rules if not rule.enabled}
+    assert off == {"tts-train", "enhancement-train", "classification-train"}
 
 
 def test_builtin_file_shape() -> None:
@@ -274,7 +645,9 @@ def test_builtin_file_shape() -> None:
     lines = BUILTIN_TEXT.splitlines()
     for i, line in enumerate(lines):
         if line.strip() == "[[rules]]":
-            assert lines[i - 1].startswith("# ") and len(lines[i - 1]) > 20, f"no comment above the rule at line {i + 1}"
+            assert lines[i - 1].startswith("# ") and len(lines[i - 1]) > 20, (
+                f"no comment above the rule at line {i + 1}"
+            )
     assert sum(1 for line in lines if line.strip() == "[[rules]]") == len(rules)
 
 
@@ -301,7 +674,9 @@ def test_disable_in_user_layer_switches_a_builtin_rule_off(world: Path) -> None:
 
 def test_disable_in_project_layer(world: Path) -> None:
     (world / "NeMo").mkdir()
-    (world / "NeMo/pyproject.toml").write_text('[project]\nname = "nemo"\n\n[tool.autoalloc]\ndisable = ["nemo-asr-train"]\n')
+    (world / "NeMo/pyproject.toml").write_text(
+        '[project]\nname = "nemo"\n\n[tool.autoalloc]\ndisable = ["nemo-asr-train"]\n'
+    )
     assert rule_for([str(world / NEMO)], world) == ("none", None)
     # the project file only governs scripts below it
     assert rule_for([str(world / "other" / NEMO)], world) == ("apply", "nemo-asr-train")
@@ -316,16 +691,21 @@ def test_disabling_a_deny_rule_lets_the_builtin_allow_through(world: Path) -> No
 def test_same_named_rule_in_a_higher_layer_replaces_the_builtin(world: Path) -> None:
     user_policy(
         world,
-        '[[rules]]\nname = "nemo-asr-train"\ndescription = "ours"\nscripts = ["**/our-nemo/**/speech_to_text_*.py"]\n'
+        '[[rules]]\nname = "nemo-asr-train"\ndescription = "ours"\n'
+        'scripts = ["**/our-nemo/**/speech_to_text_*.py"]\n'
         "allocator = { garbage_collection_threshold = 0.8 }\n",
     )
     assert rule_for([str(world / NEMO)], world) == ("none", None)
     d = decision_for([str(world / "our-nemo/asr/speech_to_text_ctc.py")], world)
     assert (d.action, d.rule) == ("apply", "nemo-asr-train")
     assert d.rule_source is not None and d.rule_source.startswith("user ")
-    assert re.fullmatch(r"expandable_segments:True,garbage_collection_threshold:0\.8", d.value or "")
+    assert re.fullmatch(
+        r"expandable_segments:True,garbage_collection_threshold:0\.8", d.value or ""
+    )
     # replacing a deny rule: the user's version no longer covers speech_to_text_eval.py
-    user_policy(world, '[[rules]]\nname = "asr-inference"\naction = "skip"\nscripts = ["my_infer.py"]\n')
+    user_policy(
+        world, '[[rules]]\nname = "asr-inference"\naction = "skip"\nscripts = ["my_infer.py"]\n'
+    )
     assert rule_for([str(world / EVAL)], world) == ("apply", "nemo-asr-train")
     assert rule_for([str(world / "x/my_infer.py")], world) == ("skip", "asr-inference")
 
@@ -333,8 +713,13 @@ def test_same_named_rule_in_a_higher_layer_replaces_the_builtin(world: Path) -> 
 def test_explain_lists_active_and_inactive_builtin_rules(world: Path) -> None:
     report = explain(["python", str(world / NEMO)], env=dict(os.environ), cwd=str(world))
     builtin = [r["name"] for r in report["rules"] if r["layer"] == "builtin"]
-    assert builtin == [r.name for r in BUILTIN.rules]
-    assert report["inactive_rules"] == {}
+    assert builtin == [r.name for r in BUILTIN.rules if r.enabled]
+    off = {
+        f"{r.name}@builtin": f'off until enabled (enable = ["{r.name}"])'
+        for r in BUILTIN.rules
+        if not r.enabled
+    }
+    assert report["inactive_rules"] == off
     assert report["decision"]["rule"] == "nemo-asr-train"
 
     path = user_policy(
@@ -345,19 +730,40 @@ def test_explain_lists_active_and_inactive_builtin_rules(world: Path) -> None:
     report = explain(["python", str(world / NEMO)], env=dict(os.environ), cwd=str(world))
     active = [(r["name"], r["layer"]) for r in report["rules"]]
     assert active[0] == ("wenet-train", "user")  # higher layers first
-    assert ("nemo-asr-train", "builtin") not in active and ("hf-asr-examples", "builtin") not in active
+    assert ("nemo-asr-train", "builtin") not in active and (
+        "hf-asr-examples",
+        "builtin",
+    ) not in active
     assert ("wenet-train", "builtin") not in active and ("icefall-train", "builtin") in active
     inactive = report["inactive_rules"]
-    assert set(inactive) == {"nemo-asr-train@builtin", "hf-asr-examples@builtin", "wenet-train@builtin"}
+    assert set(inactive) == {
+        "nemo-asr-train@builtin",
+        "hf-asr-examples@builtin",
+        "wenet-train@builtin",
+        *off,
+    }
     assert inactive["nemo-asr-train@builtin"] == f"disabled by user ({path})"
-    assert inactive["wenet-train@builtin"].startswith("replaced by the rule of the same name in user")
+    assert inactive["wenet-train@builtin"].startswith(
+        "replaced by the rule of the same name in user"
+    )
     assert report["decision"]["action"] == "none"
 
 
 def test_explain_torchrun_shows_the_workers_decision(world: Path) -> None:
     wenet = world / "wenet"
-    report = explain(["torchrun", "--standalone", "--nproc_per_node", "8", "wenet/bin/train.py", "--config", "x.yaml"],
-                     env=dict(os.environ), cwd=str(wenet))
+    report = explain(
+        [
+            "torchrun",
+            "--standalone",
+            "--nproc_per_node",
+            "8",
+            "wenet/bin/train.py",
+            "--config",
+            "x.yaml",
+        ],
+        env=dict(os.environ),
+        cwd=str(wenet),
+    )
     assert report["launcher"]["target"] == "torchrun"
     assert report["entry_point"]["target"] == str(wenet / "wenet/bin/train.py")
     assert report["decision"]["rule"] == "wenet-train"
@@ -366,14 +772,50 @@ def test_explain_torchrun_shows_the_workers_decision(world: Path) -> None:
 @pytest.mark.parametrize(
     ("launcher", "worker"),
     [
-        (["-m", "torch.distributed.run", "--nproc_per_node=2", "train.py", "--max-duration", "600"],
-         ["-u", "train.py", "--max-duration", "600"]),
-        (["-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--standalone", "train.py", "x.py"],
-         ["-u", "train.py", "x.py"]),
-        (["-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "train.py"], ["-u", "train.py"]),
-        (["/venv/bin/torchrun", "--nproc_per_node=4", "-m", "espnet2.bin.asr_train", "--ngpu", "4"],
-         ["-u", "-m", "espnet2.bin.asr_train", "--ngpu", "4"]),
-        (["/venv/bin/torchrun", "--nproc_per_node", "2", "--no-python", "fairseq-hydra-train"], None),
+        (
+            [
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node=2",
+                "train.py",
+                "--max-duration",
+                "600",
+            ],
+            ["-u", "train.py", "--max-duration", "600"],
+        ),
+        (
+            [
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "1",
+                "--nproc-per-node",
+                "2",
+                "--standalone",
+                "train.py",
+                "x.py",
+            ],
+            ["-u", "train.py", "x.py"],
+        ),
+        (
+            ["-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "train.py"],
+            ["-u", "train.py"],
+        ),
+        (
+            [
+                "/venv/bin/torchrun",
+                "--nproc_per_node=4",
+                "-m",
+                "espnet2.bin.asr_train",
+                "--ngpu",
+                "4",
+            ],
+            ["-u", "-m", "espnet2.bin.asr_train", "--ngpu", "4"],
+        ),
+        (
+            ["/venv/bin/torchrun", "--nproc_per_node", "2", "--no-python", "fairseq-hydra-train"],
+            None,
+        ),
         (["/venv/bin/torchrun", "--nproc_per_node=2"], None),
         (["-m", "torch.distributed.elastic.agent"], None),
         (["train.py", "--nproc_per_node=2", "x.py"], None),
@@ -382,3 +824,168 @@ def test_explain_torchrun_shows_the_workers_decision(world: Path) -> None:
 def test_launcher_worker_argv(launcher: list[str], worker: list[str] | None) -> None:
     got = entrypoint.worker_argv(entrypoint.parse([PY, *launcher], "/w"), PY)
     assert got == (None if worker is None else [PY, *worker])
+
+
+# ---------------------------------------------------------------- enable, the mirror of disable
+
+TTS = "icefall/egs/ljspeech/TTS/vits/train.py"
+
+
+def test_enable_and_disable_the_highest_layer_that_names_the_rule_wins(world: Path) -> None:
+    (world / "proj").mkdir()
+    user_policy(world, 'enable = ["tts-train"]\n')
+    assert rule_for([str(world / "proj" / TTS)], world) == ("apply", "tts-train")
+    # a project below the user layer's enable turns it off again for its own scripts ...
+    (world / "proj/autoalloc.toml").write_text('disable = ["tts-train"]\n')
+    assert rule_for([str(world / "proj" / TTS)], world) == ("none", None)
+    # ... and a project can turn on what the user layer switched off
+    user_policy(world, 'disable = ["tts-train"]\n')
+    (world / "proj/autoalloc.toml").write_text('enable = ["tts-train"]\n')
+    assert rule_for([str(world / "proj" / TTS)], world) == ("apply", "tts-train")
+    # within one layer, disable wins; an unknown name in enable does nothing
+    user_policy(world, 'enable = ["tts-train", "no-such-rule"]\ndisable = ["tts-train"]\n')
+    (world / "proj/autoalloc.toml").unlink()
+    assert rule_for([str(world / "proj" / TTS)], world) == ("none", None)
+
+
+def test_enable_keeps_rules_that_are_on_and_a_users_off_rule_works_the_same(world: Path) -> None:
+    user_policy(
+        world,
+        'enable = ["wenet-train"]\n'
+        '[[rules]]\nname = "my-tts"\nenabled = false\nscripts = ["**/my_tts/train.py"]\n',
+    )
+    assert rule_for([str(world / "wenet/wenet/bin/train.py")], world) == ("apply", "wenet-train")
+    assert rule_for([str(world / "my_tts/train.py")], world) == ("none", None)
+    (world / "proj").mkdir()
+    (world / "proj/autoalloc.toml").write_text('enable = ["my-tts"]\n')
+    assert rule_for([str(world / "proj/my_tts/train.py")], world) == ("apply", "my-tts")
+
+
+def test_explain_shows_off_and_enabled_rules(world: Path) -> None:
+    report = explain(["python", str(world / TTS)], env=dict(os.environ), cwd=str(world))
+    assert (
+        report["inactive_rules"]["tts-train@builtin"]
+        == 'off until enabled (enable = ["tts-train"])'
+    )
+    assert "off   tts-train@builtin" in render(report)
+    path = user_policy(world, 'enable = ["tts-train"]\n')
+    report = explain(["python", str(world / TTS)], env=dict(os.environ), cwd=str(world))
+    shown = {r["name"]: r for r in report["rules"]}
+    assert shown["tts-train"]["enabled_by"] == f"user ({path})"
+    assert "tts-train@builtin" not in report["inactive_rules"]
+    assert report["decision"]["rule"] == "tts-train"
+    assert f"enabled by user ({path})" in render(report)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('enable = "tts-train"\n', "enable must be a list of strings"),
+        (
+            '[[rules]]\nname = "x"\nenabled = "no"\nscripts = ["a.py"]\n',
+            "rules[0] (x).enabled must be true or false",
+        ),
+        (
+            '[[rules]]\nname = "x"\nimports = ["m"]\noutside = ["/abs/marker.py"]\n',
+            "must be a relative path",
+        ),
+        (
+            '[[rules]]\nname = "x"\nimports = ["m"]\noutside = ["../up/marker.py"]\n',
+            "must be a relative path",
+        ),
+    ],
+)
+def test_enable_enabled_and_outside_are_validated(text: str, message: str) -> None:
+    with pytest.raises(PolicyError, match=re.escape(message)):
+        validate(sources.parse_toml(text.encode()), Source("user", "u.toml"))
+
+
+# ------------------------------------------------------------ the import fallback outside checkouts
+
+CHECKOUT_MARKERS = {
+    "NeMo": "nemo/package_info.py",
+    "icefall": "icefall/__init__.py",
+    "espnet": "espnet2/__init__.py",
+}
+
+
+def _checkout(world: Path, folder: str, marker: str) -> Path:
+    root = world / folder
+    (root / marker).parent.mkdir(parents=True, exist_ok=True)
+    (root / marker).write_text("")
+    return root
+
+
+@pytest.mark.parametrize(
+    ("folder", "marker", "script", "imported"),
+    [
+        (
+            "NeMo",
+            "nemo/package_info.py",
+            "scripts/speech_recognition/estimate_duration_bins.py",
+            {"nemo.collections.asr"},
+        ),
+        (
+            "my-nemo-fork",
+            "nemo/package_info.py",
+            "tools/nemo_forced_aligner/align.py",
+            {"nemo.collections.asr"},
+        ),
+        (
+            "icefall",
+            "icefall/__init__.py",
+            "egs/librispeech/ASR/zipformer/ctc_align.py",
+            {"icefall"},
+        ),
+        ("k2-recipes", "icefall/__init__.py", "egs/gigaspeech/KWS/zipformer/train.py", {"icefall"}),
+        (
+            "espnet",
+            "espnet2/__init__.py",
+            "egs2/TEMPLATE/asr1/pyscripts/utils/score_intent.py",
+            {"espnet2.train.trainer"},
+        ),
+    ],
+)
+def test_import_fallback_does_not_fire_inside_a_toolkit_checkout(
+    world: Path, folder: str, marker: str, script: str, imported: set[str]
+) -> None:
+    root = _checkout(world, folder, marker)
+    assert rule_for([str(root / script)], world, imported) == ("none", None)
+    cwd = root / Path(script).parent
+    assert rule_for([f"./{Path(script).name}"], cwd, imported) == (
+        "none",
+        None,
+    )  # relative launch, same
+    # the same file copied into the user's own project: the fallback is for exactly that
+    assert rule_for([str(world / "my_project" / Path(script).name)], world, imported) == (
+        "apply",
+        "asr-toolkit-imports",
+    )
+
+
+def test_import_fallback_inside_checkouts_modules_and_notebooks(world: Path) -> None:
+    espnet = _checkout(world, "espnet", "espnet2/__init__.py")
+    trainer = {"espnet2.train.trainer"}
+    # a -m module of a toolkit package is inside its checkout (or installed copy)
+    assert rule_for(["-m", "espnet2.bin.asr_align"], espnet, trainer) == ("none", None)
+    assert rule_for(["-m", "espnet2.bin.enh_train"], espnet, trainer) == ("none", None)
+    # -c code and notebooks get the fallback wherever they run
+    assert rule_for(["-c", "import espnet2.train.trainer"], espnet, trainer) == (
+        "apply",
+        "asr-toolkit-imports",
+    )
+    assert rule_for(["-m", "ipykernel_launcher", "-f", "k.json"], espnet, trainer) == (
+        "apply",
+        "asr-toolkit-imports",
+    )
+    # a marker-less folder named like a toolkit is just a folder
+    assert rule_for(
+        [str(world / "nemo/examples/my_train.py")], world, {"nemo.collections.asr"}
+    ) == ("apply", "asr-toolkit-imports")
+    # a script reached through a symlink into a checkout is inside it too
+    nemo = _checkout(world, "NeMo", "nemo/package_info.py")
+    (nemo / "scripts").mkdir()
+    (nemo / "scripts/tool.py").write_text("")
+    (world / "exp").mkdir()
+    (world / "exp/tool.py").symlink_to(nemo / "scripts/tool.py")
+    assert rule_for([str(world / "exp/tool.py")], world, {"nemo.collections.asr"}) == ("none", None)

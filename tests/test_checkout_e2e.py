@@ -1,0 +1,46 @@
+"""The built-in import fallback on real torch: outside a toolkit checkout it applies, inside
+one (recognised by the file at its root, whatever the folder is called) the script rules
+alone decide, so a tool there that imports the toolkit is left alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import PROBE, Sandbox, assert_applied, assert_untouched
+
+pytestmark = pytest.mark.hook
+
+# A stand-in for NeMo's package: importing its ASR collection imports torch, as the real one does.
+NEMO_PACKAGE = {
+    "nemo/__init__.py": "",
+    "nemo/package_info.py": "__version__ = '0'\n",
+    "nemo/collections/__init__.py": "",
+    "nemo/collections/asr/__init__.py": "import torch\n",
+}
+TOOL = "import nemo.collections.asr\n" + PROBE
+
+
+def _checkout(sandbox: Sandbox, folder: str) -> None:
+    for path, text in NEMO_PACKAGE.items():
+        sandbox.write(f"{folder}/{path}", text)
+
+
+def test_tool_inside_a_renamed_checkout_is_left_alone(sandbox: Sandbox) -> None:
+    _checkout(sandbox, "nemo-2.4-fork")
+    sandbox.write("nemo-2.4-fork/scripts/speech_recognition/estimate_duration_bins.py", TOOL)
+    result = sandbox.run(
+        ["scripts/speech_recognition/estimate_duration_bins.py"],
+        cwd=sandbox.work / "nemo-2.4-fork",
+        env={"PYTHONPATH": str(sandbox.work / "nemo-2.4-fork")},
+    )
+    assert_untouched(result)
+    assert result.stderr == ""
+
+
+def test_own_script_importing_the_toolkit_gets_the_fallback(sandbox: Sandbox) -> None:
+    _checkout(sandbox, "NeMo")
+    sandbox.write("my_project/finetune_mine.py", TOOL)
+    result = sandbox.run(
+        ["my_project/finetune_mine.py"], env={"PYTHONPATH": str(sandbox.work / "NeMo")}
+    )
+    assert_applied(result, "asr-toolkit-imports")
