@@ -4,9 +4,15 @@ Every Python process in the environment runs ``main()`` (from ``autoalloc.pth``,
 ``autoalloc.start`` on Python 3.15+), so this module only touches ``sys`` and ``os``,
 which the interpreter has already loaded, and does no work until ``torch`` is imported.
 It never raises, never prints (except under ``AUTOALLOC_DEBUG``), never exits.
+
+The wheel ships this file twice: as ``autoalloc._startup`` and as the top-level module
+``_autoalloc_startup``, which is what the startup files load. One top-level module costs
+one import at start-up instead of two (the package, then this module).
+``os`` is imported inside the functions: a module-level ``os`` would keep the ``os``
+module alive through the armed watcher until late interpreter shutdown, which costs
+``python -c pass`` more than the import itself.
 """
 
-import os
 import sys
 
 # The environment variables autoalloc reads or writes, named once for every module.
@@ -117,6 +123,8 @@ def run(step: str, *args) -> None:
 
 
 def _trace(message: str) -> None:
+    import os
+
     if truthy(os.environ.get(DEBUG_VAR)):
         try:
             sys.stderr.write(f"autoalloc: {message}\n")
@@ -127,6 +135,8 @@ def _trace(message: str) -> None:
 def main() -> None:
     """Startup entry point; idempotent, because venvs process ``.pth`` files twice."""
     try:
+        import os
+
         if sys.flags.isolated:
             return
         # Disabled: nothing to do, unless a parent process of this job wrote allocator

@@ -55,9 +55,9 @@ def test_startup_benchmark_quick(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["failures"] == []
     assert data["meta"]["quick"] is True
-    # the hook imports autoalloc and autoalloc._startup, and nothing else, into `python -c pass`
+    # the hook imports _autoalloc_startup, and nothing else, into `python -c pass`
     assert data["importtime"]["ok"] is True
-    assert data["importtime"]["extra_modules"] == ["autoalloc", "autoalloc._startup"]
+    assert data["importtime"]["extra_modules"] == ["_autoalloc_startup"]
     assert data["importtime"]["missing_modules"] == []
     assert data["armed"] == {"hook": True, "no_hook": False, "ok": True}
     runs = data["meta"]["runs"]

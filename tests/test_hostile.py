@@ -204,7 +204,7 @@ def test_interpreter_flags(sandbox: Sandbox, flag: str, hooked: bool) -> None:
     watchers = sandbox.run([flag, "-c", WATCHERS])
     assert watchers.returncode == 0 and watchers.stderr == ""
     assert watchers.stdout.strip() == ("1" if hooked else "0")
-    loaded = sandbox.run([flag, "-c", "import sys; print('autoalloc._startup' in sys.modules)"])
+    loaded = sandbox.run([flag, "-c", "import sys; print('_autoalloc_startup' in sys.modules)"])
     assert loaded.stdout.strip() == str(flag != "-S")  # -I: imported, returned at once
     if flag == "-S":  # no site-packages at all: torch is not importable, nothing to probe
         return
@@ -376,6 +376,8 @@ def test_pth_left_behind_after_uninstall(tmp_path: Path, python: str) -> None:
     # Control: with the package next to it, the same .pth does arm the watcher.
     shutil.rmtree(Path(purelib) / "autoalloc")
     shutil.copytree(REPO / "autoalloc", Path(purelib) / "autoalloc", ignore=shutil.ignore_patterns("__pycache__"))
+    # and the top-level copy of the startup module, as the wheel has it
+    shutil.copy(REPO / "autoalloc" / "_startup.py", Path(purelib) / "_autoalloc_startup.py")
     result = subprocess.run([str(py), "-c", WATCHERS], capture_output=True, text=True, env=env, cwd=tmp_path)
     # arming needs nothing but the stdlib (platformdirs and tomli are needed only at `import torch`)
     assert (result.returncode, result.stdout.strip(), result.stderr) == (0, "1", "")

@@ -34,9 +34,12 @@ def test_wheel_contents(wheel: Path) -> None:
         names = set(zf.namelist())
         assert {"autoalloc.pth", "autoalloc.start", "autoalloc/_startup.py", "autoalloc/builtin.toml"} <= names
         assert zf.read("autoalloc.pth") == (REPO / "autoalloc.pth").read_bytes()
-        assert zf.read("autoalloc.start") == b"autoalloc._startup:main\n"
-        record = next(n for n in names if n.endswith(".dist-info/RECORD"))
-        assert "autoalloc.pth," in zf.read(record).decode()  # so that uninstall removes it
+        assert zf.read("autoalloc.start") == b"_autoalloc_startup:main\n"
+        # the startup module once more at the top level: what the .pth line imports
+        assert zf.read("_autoalloc_startup.py") == (REPO / "autoalloc" / "_startup.py").read_bytes()
+        record = zf.read(next(n for n in names if n.endswith(".dist-info/RECORD"))).decode()
+        for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py"):
+            assert f"\n{name}," in "\n" + record  # so that uninstall removes it
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     hard = [r for r in requires if "extra ==" not in r]
@@ -50,6 +53,9 @@ def test_editable_install_of_the_test_venv_has_the_hook() -> None:
     assert (purelib / "autoalloc.pth").read_bytes() == (REPO / "autoalloc.pth").read_bytes()
     assert (purelib / "autoalloc.start").exists()
     assert any(p.name.startswith("_editable_impl_autoalloc") for p in purelib.glob("*.pth"))
+    # An editable install copies the top-level startup module: reinstall after changing it.
+    startup = (REPO / "autoalloc" / "_startup.py").read_bytes()
+    assert (purelib / "_autoalloc_startup.py").read_bytes() == startup, "pip install -e . again"
 
 
 @pytest.mark.slow
@@ -74,10 +80,15 @@ def test_fresh_venv_with_the_wheel_runs_the_hook(wheel: Path, sandbox: Sandbox) 
     assert probe["getter"] == "expandable_segments:True"
     assert probe["applied"] == "nemo-asr-train;expandable_segments:True"
     assert result.stderr == ""
-    where = subprocess.run([py, "-c", "import autoalloc; print(autoalloc.__file__)"], capture_output=True, text=True)
-    assert where.stdout.startswith(site)
-    # uninstalling removes both hook files
+    where = subprocess.run(  # not from the checkout: `-c` puts the working directory first
+        [py, "-c", "import autoalloc as a, _autoalloc_startup as s; print(a.__file__, s.__file__)"],
+        capture_output=True, text=True, cwd=sandbox.root,
+    )
+    files = [f"{site}/autoalloc/__init__.py", f"{site}/_autoalloc_startup.py"]
+    assert where.stdout.split() == files
+    # uninstalling removes the hook files
     subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "autoalloc"], check=True, capture_output=True)
-    assert not Path(site, "autoalloc.pth").exists() and not Path(site, "autoalloc.start").exists()
+    for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py"):
+        assert not Path(site, name).exists(), name
     again = sandbox.run([NEMO], python=py)
     assert again.returncode == 0 and probe_result(again.stdout)["getter"] == "" and again.stderr == ""
