@@ -76,7 +76,8 @@ def test_start_file_names_the_same_entry_point(tmp_path: Path) -> None:
     assert START.stem == PTH.stem  # PEP 829: a matching .start disables the .pth import line
     site_dir = _site_dir(tmp_path, top_level=True)
     entry = data.decode().strip()
-    code = f"import pkgutil, sys\nsys.path.append({str(site_dir)!r})\nprint(pkgutil.resolve_name({entry!r}))"
+    code = f"import pkgutil, sys\nsys.path.append({str(site_dir)!r})\n"
+    code += f"print(pkgutil.resolve_name({entry!r}))"
     result = _python_s(code, tmp_path)
     assert result.stdout.startswith("<function main at "), result.stderr
 
