@@ -1,4 +1,4 @@
-"""Glob patterns of the policy, compiled once: ``**`` paths for scripts, dotted names, argv tokens.
+"""Glob patterns of the policy: ``**`` paths for scripts, dotted names, argv tokens.
 
 Script patterns with a ``/`` match the whole absolute path, ``**`` spanning any number of
 directories (a relative pattern may start anywhere: ``examples/asr/*.py`` is
@@ -10,7 +10,6 @@ case-insensitive and match one argument.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import os
 import re
 from collections.abc import Sequence
@@ -29,25 +28,55 @@ class _AnySegment:
 _ANY = _AnySegment()
 
 
-class _Literal:
-    __slots__ = ("text",)
+class NameGlob:
+    """One fnmatch pattern matched against a whole name, with a regex only when one is needed.
 
-    def __init__(self, text: str) -> None:
-        self.text = text
+    A policy can hold 10,000 rules, and each decision looks at every one: compiling tens of
+    thousands of regexes (``re`` caches only 512) would cost seconds. Most patterns are a
+    literal, or ``prefix*suffix``, which string comparisons decide exactly; for the others the
+    literal prefix and suffix reject most names before the regex is compiled (once, here).
+    """
 
-    def match(self, segment: str) -> bool:
-        return segment == self.text
+    __slots__ = ("_min", "_prefix", "_regex", "_simple", "_suffix", "literal", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._regex: re.Pattern[str] | None = None
+        magic = _has_magic(pattern)
+        self.literal = None if magic else pattern
+        found = [i for i in (pattern.find("*"), pattern.find("?"), pattern.find("[")) if i >= 0]
+        first = min(found) if found else len(pattern)
+        star = pattern.rfind("*")
+        tail = pattern[star + 1 :]
+        # The suffix after the last '*' is literal unless a '?' or a class reaches into it.
+        literal_tail = star >= 0 and not _has_magic(tail) and "]" not in tail
+        self._prefix = pattern[:first]
+        self._suffix = tail if literal_tail else ""
+        # exactly prefix*suffix: the checks below decide it without a regex
+        self._simple = literal_tail and star == first and "?" not in pattern and "[" not in pattern
+        self._min = len(self._prefix) + len(self._suffix)
+
+    def match(self, name: str) -> bool:
+        if self.literal is not None:
+            return name == self.literal
+        if len(name) < self._min or not name.startswith(self._prefix):
+            return False
+        if not name.endswith(self._suffix):
+            return False
+        if self._simple:
+            return True
+        if self._regex is None:
+            self._regex = re.compile(fnmatch.translate(self.pattern), re.DOTALL)
+        return self._regex.match(name) is not None
 
 
-_translate = functools.lru_cache(maxsize=1024)(fnmatch.translate)
+def _has_magic(text: str) -> bool:
+    return "*" in text or "?" in text or "[" in text
 
 
-@functools.lru_cache(maxsize=1024)
-def _segment(part: str):
-    """A matcher for one path segment: literal, or an fnmatch glob (``[^...]`` negates too)."""
-    if not any(c in part for c in "*?["):
-        return _Literal(part)
-    return re.compile(_translate(part.replace("[^", "[!")), re.DOTALL)
+def _segment(part: str) -> NameGlob:
+    """A matcher for one path segment (``[^...]`` negates too, as ``[!...]``)."""
+    return NameGlob(part.replace("[^", "[!"))
 
 
 class PathGlob:
@@ -61,7 +90,7 @@ class PathGlob:
     fnmatch glob (linear since Python 3.9) matched against one segment.
     """
 
-    __slots__ = ("_fixed", "_last", "_literals", "_segments", "pattern")
+    __slots__ = ("_fixed", "_last", "_literals", "_parts", "_segments", "pattern")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -69,6 +98,16 @@ class PathGlob:
         if not text.startswith("/") and not text.startswith("**/") and text != "**":
             text = "**/" + text  # a relative pattern may start anywhere
         parts = text.split("/")
+        self._parts = parts
+        self._segments: tuple | None = None  # built by the first match that gets past the checks
+        self._fixed = sum(1 for part in parts if part != "**") + (parts[-1] == "**")
+        # Cheap necessary conditions, checked first: most rules fail on them (every rule of
+        # the policy is looked at, at every `import torch`).
+        self._literals = frozenset(p for p in parts if p and p != "**" and not _has_magic(p))
+        self._last = None if parts[-1] == "**" else _segment(parts[-1])
+
+    def _build(self) -> tuple:
+        parts = self._parts
         segments: list = []
         for i, part in enumerate(parts):
             if part == "**":
@@ -78,13 +117,7 @@ class PathGlob:
                     segments.append(_DSTAR)
             else:
                 segments.append(_segment(part))
-        self._segments = tuple(segments)
-        self._fixed = sum(1 for m in segments if m is not _DSTAR)
-        # Cheap necessary conditions, checked first: most rules fail on them (a policy of
-        # 200 rules is decided at every `import torch`).
-        self._literals = frozenset(m.text for m in segments if isinstance(m, _Literal))
-        last = segments[-1]
-        self._last = None if last is _DSTAR or last is _ANY else last
+        return tuple(segments)
 
     def match(self, path: str) -> bool:
         parts = path.split("/")
@@ -94,6 +127,8 @@ class PathGlob:
             return False
         if not self._literals.issubset(parts):
             return False
+        if self._segments is None:
+            self._segments = self._build()
         pattern = self._segments
         p = s = 0
         star = mark = -1
@@ -126,21 +161,47 @@ class PathGlobs:
         return any(g.match(path) for g in self.globs)
 
 
-def _either(sources: Sequence[str], flags: int = 0) -> re.Pattern[str] | None:
-    if not sources:
-        return None
-    return re.compile("|".join(f"(?:{s})" for s in sources) + r"\Z", flags | re.DOTALL)
+class NameGlobs:
+    """Several ``NameGlob``: ``match`` when any does."""
+
+    __slots__ = ("globs",)
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.globs = tuple(NameGlob(p) for p in patterns)
+
+    def match(self, name: str) -> bool:
+        return any(g.match(name) for g in self.globs)
+
+
+class ArgvGlobs:
+    """Argument patterns: case-insensitive, one regex for all, compiled on the first use.
+
+    An ``argv`` condition is looked at only for a rule whose other selectors matched.
+    """
+
+    __slots__ = ("_regex", "patterns")
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        self.patterns = tuple(patterns)
+        self._regex: re.Pattern[str] | None = None
+
+    def match(self, arg: str) -> bool:
+        if self._regex is None:
+            # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
+            either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns)
+            self._regex = re.compile(either + r"\Z", re.IGNORECASE | re.DOTALL)
+        return self._regex.match(arg) is not None
 
 
 @dataclass(frozen=True)
 class RulePatterns:
-    """A rule's patterns as compiled regexes (``None`` when the rule has none of that kind)."""
+    """A rule's patterns as matchers (``None`` when the rule has none of that kind)."""
 
     paths: PathGlobs | None = None  # script patterns with a '/'
-    names: re.Pattern[str] | None = None  # script patterns without '/': file name
-    modules: re.Pattern[str] | None = None
-    commands: re.Pattern[str] | None = None
-    argv: re.Pattern[str] | None = None
+    names: NameGlobs | None = None  # script patterns without '/': file name
+    modules: NameGlobs | None = None
+    commands: NameGlobs | None = None
+    argv: ArgvGlobs | None = None
 
     def script(self, *paths: str) -> bool:
         for path in paths:
@@ -153,10 +214,10 @@ class RulePatterns:
         return False
 
     def module(self, name: str) -> bool:
-        return self.modules is not None and bool(self.modules.match(name))
+        return self.modules is not None and self.modules.match(name)
 
     def command(self, name: str) -> bool:
-        return self.commands is not None and bool(self.commands.match(name))
+        return self.commands is not None and self.commands.match(name)
 
     def arguments(self, args: Sequence[str]) -> bool:
         """The argv condition: true without one, else when any argument matches."""
@@ -168,25 +229,15 @@ class RulePatterns:
 def compile_rule(
     scripts: Sequence[str], modules: Sequence[str], commands: Sequence[str], argv: Sequence[str]
 ) -> RulePatterns:
-    """Compile one rule's patterns; raises ``re.error`` for a pattern that cannot compile."""
-
-    args = (tuple(scripts), tuple(modules), tuple(commands), tuple(argv))
-    if any(p.startswith("~") for p in scripts):  # depends on HOME: not cached
-        return _compile_rule.__wrapped__(*args)
-    return _compile_rule(*args)
-
-
-@functools.lru_cache(maxsize=512)
-def _compile_rule(
-    scripts: tuple[str, ...], modules: tuple[str, ...], commands: tuple[str, ...], argv: tuple[str, ...]
-) -> RulePatterns:
-    glob = fnmatch.translate  # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
+    """One rule's patterns as matchers; cheap: regexes are compiled only when a name needs one."""
+    paths = [p for p in scripts if "/" in p]
+    names = [p for p in scripts if "/" not in p]
     return RulePatterns(
-        paths=PathGlobs([p for p in scripts if "/" in p]) if any("/" in p for p in scripts) else None,
-        names=_either([glob(p) for p in scripts if "/" not in p]),
-        modules=_either([glob(p) for p in modules]),
-        commands=_either([glob(p) for p in commands]),
-        argv=_either([glob(p) for p in argv], re.IGNORECASE),
+        paths=PathGlobs(paths) if paths else None,
+        names=NameGlobs(names) if names else None,
+        modules=NameGlobs(modules) if modules else None,
+        commands=NameGlobs(commands) if commands else None,
+        argv=ArgvGlobs(argv) if argv else None,
     )
 
 

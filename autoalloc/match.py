@@ -29,19 +29,22 @@ class Match:
 def argv_reason(rule: Rule, entry: EntryPoint) -> str | None:
     """Why the rule matches this command line, or None."""
     patterns = rule.compiled
-    if not patterns.arguments(entry.args):
-        return None
     paths = (entry.path, entry.realpath)
+    reason = None
     if entry.kind == "script" and patterns.script(*paths):
-        return f"script matches {_which(rule.scripts, 'scripts', paths)!r}{_argv_note(rule, entry)}"
-    if entry.kind == "module" and patterns.module(entry.target):
-        return f"module matches {which(rule.modules, 'modules', entry.target)!r}{_argv_note(rule, entry)}"
-    if entry.kind == "command":
+        reason = f"script matches {_which(rule.scripts, 'scripts', paths)!r}"
+    elif entry.kind == "module" and patterns.module(entry.target):
+        reason = f"module matches {which(rule.modules, 'modules', entry.target)!r}"
+    elif entry.kind == "command":
         if patterns.command(entry.target):
-            return f"command matches {which(rule.commands, 'commands', entry.target)!r}{_argv_note(rule, entry)}"
-        if patterns.script(*paths):
-            return f"command path matches {_which(rule.scripts, 'scripts', paths)!r}{_argv_note(rule, entry)}"
-    return None
+            reason = f"command matches {which(rule.commands, 'commands', entry.target)!r}"
+        elif patterns.script(*paths):
+            reason = f"command path matches {_which(rule.scripts, 'scripts', paths)!r}"
+    # The argv condition last, for a rule whose selectors matched: a command line can carry
+    # tens of thousands of arguments, and most rules do not name this program.
+    if reason is None or not patterns.arguments(entry.args):
+        return None
+    return reason + _argv_note(rule, entry)
 
 
 def _which(patterns: Sequence[str], kind: str, values: Sequence[str]) -> str | None:

@@ -6,6 +6,7 @@ out; a list of layers in, a ``Policy`` out. Reading files is ``sources``' job.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -137,10 +138,8 @@ def _rule(data: object, index: int, source: Source) -> Rule:
     if not any(lists[k] for k in ("scripts", "modules", "commands", "imports")):
         raise PolicyError(f"{where} needs at least one of scripts, modules, commands, imports")
     allocator = _allocator(data["allocator"], f"{where}.allocator") if "allocator" in data else {}
-    try:
-        compiled = globs.compile_rule(lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
-    except re.error as exc:
-        raise PolicyError(f"{where}: bad pattern ({exc})") from None
+    kinds_used = (lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
+    compiled = globs.compile_rule(*kinds_used)
     switches = _rule_switches(data, where)
     return Rule(name, source, action, description, allocator=allocator, compiled=compiled, **lists,
                 **switches)
@@ -160,8 +159,36 @@ def _rule_switches(data: dict, where: str) -> dict:
     return {"enabled": enabled, "outside": outside}
 
 
-def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
-    """Check a parsed TOML document (the ``[tool.autoalloc]`` table for pyproject.toml)."""
+# Validated layers by table object, for callers that pass ``cache=True``: ``sources`` hands out
+# one read-only table per file content, so a later decision in the same process (an import
+# trigger, ``explain``) does not validate a 10,000-rule file again. An entry keeps its table
+# alive, so that table's id cannot be reused by another object while the entry exists.
+_VALIDATED: dict[tuple, tuple[object, LayerConfig]] = {}
+_VALIDATED_MAX = 16
+
+
+def validate(
+    data: object, source: Source, allow_trust: bool = False, cache: bool = False
+) -> LayerConfig:
+    """Check a parsed TOML document (the ``[tool.autoalloc]`` table for pyproject.toml).
+
+    ``cache``: remember the result for this very table object, which the caller promises
+    never to change.
+    """
+    if not cache:
+        return _validate(data, source, allow_trust)
+    key = (id(data), source, allow_trust, os.environ.get("HOME"))  # HOME: '~' in patterns
+    hit = _VALIDATED.get(key)
+    if hit is not None and hit[0] is data:
+        return hit[1]
+    config = _validate(data, source, allow_trust)
+    if len(_VALIDATED) >= _VALIDATED_MAX:
+        del _VALIDATED[next(iter(_VALIDATED))]
+    _VALIDATED[key] = (data, config)
+    return config
+
+
+def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
     if not isinstance(data, dict):
         raise PolicyError("the policy must be a table")
     keys = _TOP_KEYS if allow_trust else _TOP_KEYS - {"trusted_dirs"}
@@ -183,10 +210,11 @@ def validate(data: object, source: Source, allow_trust: bool = False) -> LayerCo
     if not isinstance(raw_rules, list) or len(raw_rules) > _MAX_LIST:
         raise PolicyError("rules must be an array of tables ([[rules]])")
     rules = tuple(_rule(r, i, source) for i, r in enumerate(raw_rules))
-    names = [r.name for r in rules]
-    for name in names:
-        if names.count(name) > 1:
-            raise PolicyError(f"two rules are named {name!r}")
+    seen: set[str] = set()
+    for rule in rules:  # a set, not list.count: linear in the number of rules
+        if rule.name in seen:
+            raise PolicyError(f"two rules are named {rule.name!r}")
+        seen.add(rule.name)
     disable = _str_list(data["disable"], "disable") if "disable" in data else ()
     trusted = _str_list(data["trusted_dirs"], "trusted_dirs") if "trusted_dirs" in data else ()
     enable = _str_list(data["enable"], "enable") if "enable" in data else ()
@@ -248,12 +276,15 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     rules: list[Rule] = []
     dropped: dict[str, str] = {}
     switched_on: dict[str, str] = {}
+    # per layer, as sets: each rule is looked up in the layers above it (linear, not quadratic)
+    named = [frozenset(r.name for r in c.rules) for c in configs]
     for level, config in enumerate(configs):
         higher = configs[level + 1 :]
+        above = range(level + 1, len(configs))
         for rule in config.rules:
             switch = switched(rule.name, higher)
             disabler = switch[1] if switch and switch[0] == "disable" else None
-            replacer = next((c for c in higher if any(r.name == rule.name for r in c.rules)), None)
+            replacer = next((configs[i] for i in above if rule.name in named[i]), None)
             if disabler is not None:
                 dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {disabler.source.describe()}"
             elif replacer is None and not rule.enabled and switch is None:

@@ -143,20 +143,32 @@ def read_bytes(path: str) -> bytes:
     return read_file(path)[0]
 
 
+_PARSED: dict[bytes, dict] = {}  # by content: tomllib is pure Python, ~1 s for 10,000 rules
+
+
 def parse_toml(data: bytes) -> dict:
-    """TOML from bytes; a UTF-8 BOM is tolerated. Raises LayerError."""
+    """TOML from bytes; a UTF-8 BOM is tolerated. Raises LayerError.
+
+    The same content gives the same dict, parsed once per process: treat it as read-only.
+    """
+    if data in _PARSED:
+        return _PARSED[data]
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise LayerError(f"is not UTF-8 (byte {exc.start})") from None
     try:
-        return tomllib.loads(text)
+        table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise LayerError(f"is not valid TOML: {exc}") from None
     except RecursionError:
         raise LayerError("is not valid TOML: nested too deeply") from None
     except Exception as exc:  # e.g. ValueError for an integer of more than 4300 digits
         raise LayerError(f"is not valid TOML: {type(exc).__name__}: {exc}") from None
+    if len(_PARSED) >= 8:
+        del _PARSED[next(iter(_PARSED))]
+    _PARSED[data] = table
+    return table
 
 
 def _whole_document(data: bytes) -> dict | None:
@@ -330,7 +342,9 @@ def _validated(read: LayerFile, allow_trust: bool) -> LayerFile:
     if read.status != "found":
         return read
     try:
-        config = validate(read.table, Source(read.layer, read.path or ""), allow_trust)
+        # the table is parse_toml's, which no one changes: validated once per process
+        source = Source(read.layer, read.path or "")
+        config = validate(read.table, source, allow_trust, cache=True)
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
     return replace(read, config=config)

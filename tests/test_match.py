@@ -87,3 +87,44 @@ def test_higher_layer_rules_first() -> None:
         ]
     )
     assert first_match(policy.rules, script("/x/train.py")).rule.name == "high"
+
+
+class _Untouchable(tuple):
+    """Arguments that fail the test if anything looks at them."""
+
+    def __iter__(self):
+        raise AssertionError("the argv condition was evaluated")
+
+
+def test_argv_condition_only_for_rules_whose_selectors_match() -> None:
+    """A command line can carry tens of thousands of arguments: a rule that does not name
+    this program never looks at them."""
+    rs = rules(
+        {"name": "a", "scripts": ["other*.py"], "argv": ["*asr*"]},
+        {"name": "b", "modules": ["pkg.train"], "argv": ["*asr*"]},
+        {"name": "c", "commands": ["tool"], "argv": ["*asr*"]},
+    )
+    args = _Untouchable(f"--x{i}" for i in range(40_000))
+    entry = EntryPoint("script", "/w/train.py", args, "/w/train.py", "/w/train.py")
+    assert first_match(rs, entry).rule is None
+    many = script("/w/other_1.py", *[f"--x{i}" for i in range(40_000)], "--data=asr.json")
+    assert first_match(rs, many).rule.name == "a"  # and where the selectors match, it counts
+    assert first_match(rs, script("/w/other_1.py", "--data=tts.json")).rule is None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_name_globs_agree_with_fnmatch(seed: int) -> None:
+    """The regex-free shortcuts decide exactly as fnmatch's regex does."""
+    import fnmatch
+    import random
+    import re
+
+    from autoalloc.globs import NameGlob
+
+    rng = random.Random(seed)
+    alphabet = "ab.*?[]!^-"
+    for _ in range(3000):
+        pattern = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        name = "".join(rng.choice("ab.-[]!^*?") for _ in range(rng.randint(0, 6)))
+        expected = re.match(fnmatch.translate(pattern), name, re.DOTALL) is not None
+        assert NameGlob(pattern).match(name) is expected, (pattern, name)
