@@ -86,7 +86,15 @@ def test_startup_benchmark_quick(tmp_path: Path) -> None:
     assert data["p3"]["decision_ok"] is True and data["p3"]["rule"] == "user-last"
     assert data["p3_typical"]["decision_ok"] is True
     assert {"median_ms", "budget_ms", "within_budget", "warm", "cold_first_call"} <= set(data["p3"])
+    assert data["p3_10k"]["rules"] >= 10_000 and data["p3_10k"]["decision_ok"] is True
+    assert data["p3_10k"]["budget_first_call_ms"] == 1000
+    # S: the four arms measured in the same venv, each cost relative to distutils-precedence.pth
+    site = data["site"]
+    assert set(site["arms"]) == {"none", "bare", "distutils", "autoalloc"}
+    assert all(len(site["samples_us"][arm]["wall"]) == runs for arm in site["arms"])
+    assert site["budget_ratio"] == 0.5 and "within_budget" in site
     assert "P1  python -c pass" in result.stdout and "P3  decision" in result.stdout
+    assert "distutils-precedence.pth" in result.stdout
 
 
 # ---------------------------------------------------------------------------- autoalloc bench
