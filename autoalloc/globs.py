@@ -150,27 +150,34 @@ class PathGlob:
 
 
 class PathGlobs:
-    """Several ``PathGlob``: ``match`` when any does."""
+    """Several ``PathGlob``: ``match`` when any does. Built on the first match: a decision
+    looks at one kind of pattern (a script's, a module's, ...), the others are never built."""
 
-    __slots__ = ("globs",)
+    __slots__ = ("_globs", "patterns")
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self.globs = tuple(PathGlob(p) for p in patterns)
+        self.patterns = tuple(patterns)
+        self._globs: tuple[PathGlob, ...] | None = None
 
     def match(self, path: str) -> bool:
-        return any(g.match(path) for g in self.globs)
+        if self._globs is None:
+            self._globs = tuple(PathGlob(p) for p in self.patterns)
+        return any(g.match(path) for g in self._globs)
 
 
 class NameGlobs:
-    """Several ``NameGlob``: ``match`` when any does."""
+    """Several ``NameGlob``: ``match`` when any does (built on the first match, as above)."""
 
-    __slots__ = ("globs",)
+    __slots__ = ("_globs", "patterns")
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self.globs = tuple(NameGlob(p) for p in patterns)
+        self.patterns = tuple(patterns)
+        self._globs: tuple[NameGlob, ...] | None = None
 
     def match(self, name: str) -> bool:
-        return any(g.match(name) for g in self.globs)
+        if self._globs is None:
+            self._globs = tuple(NameGlob(p) for p in self.patterns)
+        return any(g.match(name) for g in self._globs)
 
 
 class ArgvGlobs:
