@@ -474,7 +474,7 @@ import sys, time  # both loaded at start-up already: this probe must not import 
 # timing below is what the hook adds to the process ("net") rather than what it moves earlier.
 for name in sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []:
     __import__(name)
-startup = sys.modules["autoalloc._startup"]
+startup = sys.modules["_autoalloc_startup"]  # what autoalloc.pth loaded
 spent = {"decide": [0, 0], "guards": [0, 0]}
 run = startup.run
 imported = set()
