@@ -1,4 +1,4 @@
-"""The ``PYTORCH_*ALLOC_CONF`` grammar: validate, serialize, parse, merge, and which variable torch reads.
+"""``PYTORCH_*ALLOC_CONF``: validate, serialize, parse, merge, and which variable torch reads.
 
 Everything here is pure. The rule this module exists to keep: no string it produces is
 malformed or semantically invalid for torch's own parser, because on torch 2.10+ CUDA
@@ -37,7 +37,9 @@ def _bool(v: object) -> str:
 MAX_INT = (1 << 31) - 1
 
 
-def _int(low: int | None = None, high: int | None = MAX_INT, pow2: bool = False) -> Callable[[object], str]:
+def _int(
+    low: int | None = None, high: int | None = MAX_INT, pow2: bool = False
+) -> Callable[[object], str]:
     def check(v: object) -> str:
         if isinstance(v, bool) or not isinstance(v, int):
             raise ConfError("must be an integer")
@@ -54,15 +56,22 @@ def _int(low: int | None = None, high: int | None = MAX_INT, pow2: bool = False)
 
 def _fraction(closed: bool) -> Callable[[object], str]:
     def check(v: object) -> str:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not math.isfinite(v)):
+        if (
+            isinstance(v, bool)
+            or not isinstance(v, (int, float))
+            or (isinstance(v, float) and not math.isfinite(v))
+        ):
             raise ConfError("must be a number")
         ok = 0.0 <= v <= 1.0 if closed else 0.0 < v < 1.0
         if not ok:
-            raise ConfError("must be in [0, 1]" if closed else "must be between 0 and 1 (exclusive)")
+            raise ConfError(
+                "must be in [0, 1]" if closed else "must be between 0 and 1 (exclusive)"
+            )
         if 0 < v < sys.float_info.min:  # a subnormal number: torch's stod raises out_of_range
             raise ConfError("is too small")
         text = repr(float(v))
-        if "e" in text:  # keep torch's number parser on plain decimals, exactly (1e-20 must not become "0.")
+        # keep torch's number parser on plain decimals, exactly (1e-20 must not become "0.")
+        if "e" in text:
             from decimal import Decimal
 
             text = format(Decimal(text), "f")
@@ -102,7 +111,8 @@ def _roundup(v: object) -> str:
         else:
             if not boundary.isdigit() or not boundary.isascii():
                 raise ConfError(f'boundary {boundary!r} must be a size in MiB or ">"')
-            size = int(boundary) if len(boundary) <= 20 else MAX_INT + 1  # int() refuses > 4300 digits
+            # int() refuses more than 4300 digits
+            size = int(boundary) if len(boundary) <= 20 else MAX_INT + 1
             if size <= 0 or size > MAX_INT or size & (size - 1) or size <= last:
                 raise ConfError(f"boundary {boundary!r} must be an increasing power of 2")
             last = size
@@ -131,7 +141,9 @@ KEYS: dict[str, Key] = {
         Key("backend", (2, 0), _choice("native", "cudaMallocAsync"), cuda_only=True),
         Key("release_lock_on_cudamalloc", (2, 2), _bool, cuda_only=True),
         Key("pinned_use_cuda_host_register", (2, 2), _bool, cuda_only=True),
-        Key("pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True), cuda_only=True),
+        Key(
+            "pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True), cuda_only=True
+        ),
         Key("max_non_split_rounding_mb", (2, 6), _int(low=20)),
         Key("pinned_use_background_threads", (2, 6), _bool),
         Key("graph_capture_record_stream_reuse", (2, 9), _bool, cuda_only=True),
@@ -152,7 +164,8 @@ def version_error(key: str, value: str, release: tuple[int, int]) -> str | None:
     Up to 2.9 torch checked ``max_split_size_mb`` and ``max_non_split_rounding_mb`` with
     ``> 20`` ("must be > 20"); 2.10 relaxed it to ``>= 20``.
     """
-    if key in ("max_split_size_mb", "max_non_split_rounding_mb") and release < (2, 10) and value == "20":
+    split_keys = ("max_split_size_mb", "max_non_split_rounding_mb")
+    if key in split_keys and release < (2, 10) and value == "20":
         return "must be > 20 before torch 2.10"
     return None
 
@@ -166,7 +179,9 @@ def serialize_value(key: str, value: object) -> str:
 
 
 def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> None:
-    """Cross-key constraints on serialized options (the last occurrence of a key counts); raises ConfError.
+    """Cross-key constraints on serialized options; raises ConfError.
+
+    The last occurrence of a key counts.
 
     From 2.11 ``max_split_size_mb`` and ``max_non_split_rounding_mb`` must be at least
     ``large_segment_size_mb`` (torch: "max_split_size_mb too small, must be >= 40").
@@ -265,13 +280,15 @@ def merge(
     """
     seen = {key for key, _ in existing}
     conflicts = [k for k in ours if k in seen and last_value(existing, k) != ours[k]]
-    merged = [(key, ours[key] if override and key in conflicts else value) for key, value in existing]
+    merged = [
+        (key, ours[key] if override and key in conflicts else value) for key, value in existing
+    ]
     merged.extend((k, v) for k, v in ours.items() if k not in seen)
     return merged, conflicts
 
 
 def tokens(text: str) -> list[str]:
-    """torch's ``ConfigTokenizer``: ASCII whitespace dropped, ``, : [ ]`` each a token of their own."""
+    """torch's ``ConfigTokenizer``: ASCII whitespace dropped, ``, : [ ]`` each a token alone."""
     out: list[str] = []
     buffer = ""
     for ch in text:
@@ -288,7 +305,7 @@ def tokens(text: str) -> list[str]:
 
 
 def aborts_import(text: str) -> bool:
-    """Whether this value makes ``import torch`` abort (SIGABRT) on torch 2.10+ CUDA and ROCm builds.
+    """Whether this value makes ``import torch`` abort (SIGABRT) on torch 2.10+ CUDA/ROCm builds.
 
     Models the load-time scan of ``PYTORCH_CUDA_ALLOC_CONF`` (else ``PYTORCH_ALLOC_CONF``):
     it walks ``key : value`` triples (a value may be a ``[...]`` list) and skips one

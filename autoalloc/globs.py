@@ -249,7 +249,10 @@ def compile_rule(
 
 
 def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
-    """The first of ``patterns`` (of ``kind``: scripts, modules, commands, argv) that matches ``value``."""
+    """The first of ``patterns`` that matches ``value``, or None.
+
+    ``kind`` says what the patterns are: scripts, modules, commands or argv.
+    """
     for pattern in patterns:
         if kind == "scripts" and "/" in pattern:
             if PathGlob(pattern).match(value):

@@ -84,7 +84,7 @@ def _applied_by(state: Any) -> str:
 
 
 def setter_conflicts(intent: dict[str, str], value: object) -> list[str]:
-    """What a setter call undoes of ``intent``: ``expandable_segments`` off, or another ``backend``."""
+    """What a setter call undoes of ``intent``: ``expandable_segments`` off, another ``backend``."""
     if not isinstance(value, str) or not intent:
         return []
     try:
@@ -382,13 +382,21 @@ def _after(
 
 
 def _guard_custom_allocator(
-    original: Callable[..., Any], state: Any, what: str, uses_allocator: Callable[..., bool], effect: str, consequence: str
+    original: Callable[..., Any],
+    state: Any,
+    what: str,
+    uses_allocator: Callable[..., bool],
+    effect: str,
+    consequence: str,
 ) -> Callable[..., Any]:
     @functools.wraps(original)
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             if _intent(state) and uses_allocator(*args, **kwargs):
-                _warn_once(what, f"{effect}, so the options autoalloc applied ({_applied_by(state)}) {consequence}")
+                applied = _applied_by(state)
+                _warn_once(
+                    what, f"{effect}, so the options autoalloc applied ({applied}) {consequence}"
+                )
         except Exception:
             pass
         return original(*args, **kwargs)
@@ -430,5 +438,6 @@ def install(state: Any) -> None:
     if isinstance(pool, type) and init is not None and init is not object.__init__:
         pool.__init__ = _guard_custom_allocator(
             init, state, "torch.cuda.MemPool", _mempool_allocator,
-            "torch.cuda.MemPool(allocator=...) allocates through a custom allocator", "do not apply to its memory",
+            "torch.cuda.MemPool(allocator=...) allocates through a custom allocator",
+            "do not apply to its memory",
         )

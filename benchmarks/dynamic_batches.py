@@ -5,8 +5,8 @@ The benchmark lives in the package (``autoalloc/bench/``) so that ``autoalloc be
 works after ``pip install autoalloc``; this script runs it from a checkout, with its
 working files under ``benchmarks/out/dynamic_batches`` unless ``--out`` says otherwise::
 
-    python benchmarks/dynamic_batches.py --quick      # < 2 min on one GPU; CPU smoke run without one
-    python benchmarks/dynamic_batches.py              # the full A/B (about 5 minutes on an H200)
+    python benchmarks/dynamic_batches.py --quick  # < 2 min on one GPU; CPU smoke run without one
+    python benchmarks/dynamic_batches.py          # the full A/B (about 5 minutes on an H200)
     python benchmarks/dynamic_batches.py --help
 
 The hook arm needs autoalloc *installed* (its ``autoalloc.pth`` processed at start-up) in

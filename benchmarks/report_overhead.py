@@ -49,7 +49,11 @@ def one_run(steps: int, report: str | None) -> tuple[float, dict | None]:
         env["AUTOALLOC_REPORT"] = report
         env["AUTOALLOC_REPORT_WARMUP"] = "0"
     out = subprocess.run(
-        [sys.executable, "-c", LOOP, str(steps)], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", LOOP, str(steps)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     line = next(x for x in out.splitlines() if x.startswith("LOOP "))
     median = statistics.median(json.loads(line[5:]))
@@ -61,7 +65,9 @@ def one_run(steps: int, report: str | None) -> tuple[float, dict | None]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--json")
@@ -91,7 +97,8 @@ def main(argv: list[str]) -> int:
         f"small CPU model, {args.steps} steps x {args.repeat} runs each: median step "
         f"{result['median_step_us_without']:.1f} us without AUTOALLOC_REPORT, "
         f"{result['median_step_us_with']:.1f} us with (x{result['overhead_ratio']:.3f}); "
-        f"the recorder's own time in its step hook: {result['recorder_hook_us_per_step']:.2f} us/step"
+        "the recorder's own time in its step hook: "
+        f"{result['recorder_hook_us_per_step']:.2f} us/step"
     )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -190,7 +190,8 @@ def build_venv(root: Path, fresh: bool, base_python: str) -> Venv:
     venv = Venv(root)
     has_torch = Path(venv.python).exists() and (
         subprocess.run(
-            [venv.python, "-c", "import importlib.util as u; assert u.find_spec('torch')"], capture_output=True
+            [venv.python, "-c", "import importlib.util as u; assert u.find_spec('torch')"],
+            capture_output=True,
         ).returncode
         == 0
     )
@@ -245,7 +246,9 @@ def spawn_time(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, f
     return (t1 - t0) / 1e6, (usage.ru_utime + usage.ru_stime) * 1000
 
 
-def interleaved(venv: Venv, argv: list[str], env: dict[str, str], cwd: str, runs: int, warmup: int) -> dict:
+def interleaved(
+    venv: Venv, argv: list[str], env: dict[str, str], cwd: str, runs: int, warmup: int
+) -> dict:
     """``runs`` pairs, hook and no hook alternating (A B A B ...), after ``warmup`` pairs."""
     samples: dict[str, list[float]] = {"hook": [], "no_hook": [], "hook_cpu": [], "no_hook_cpu": []}
     for i in range(warmup + runs):
@@ -272,7 +275,9 @@ def measured(samples: dict, budget_ratio: float | None) -> dict:
     return result
 
 
-def run_out(venv: Venv, argv: list[str], env: dict[str, str], cwd: str) -> subprocess.CompletedProcess:
+def run_out(
+    venv: Venv, argv: list[str], env: dict[str, str], cwd: str
+) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True)
     if result.returncode != 0:
         raise SystemExit(f"startup.py: {argv} exited {result.returncode}:\n{result.stderr[-2000:]}")
@@ -298,7 +303,11 @@ def importtime_check(venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs
     for _ in range(runs):
         for on in (True, False):
             venv.set_hook(on)
-            sets[on].append(importtime(run_out(venv, [venv.python, "-X", "importtime", *argv_tail], env, cwd).stderr))
+            sets[on].append(
+                importtime(
+                    run_out(venv, [venv.python, "-X", "importtime", *argv_tail], env, cwd).stderr
+                )
+            )
     venv.set_hook(True)
     with_hook = set().union(*(set(s) for s in sets[True]))
     without = set().union(*(set(s) for s in sets[False]))
@@ -366,7 +375,9 @@ def base_env(work: Path, config_home: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("AUTOALLOC_", "PYTORCH_", "PYTHON", "XDG_", "TORCH_", "VIRTUAL_ENV", "OMP_", "MKL_"))
+        if not k.startswith(
+            ("AUTOALLOC_", "PYTORCH_", "PYTHON", "XDG_", "TORCH_", "VIRTUAL_ENV", "OMP_", "MKL_")
+        )
     }
     env.update(
         HOME=str(work / "home"),
@@ -425,17 +436,21 @@ def p3_fixture(work: Path, rules: int, depth: int) -> tuple[Path, Path]:
     project = ["[tool.autoalloc]"]
     for i in range(half):
         project.append(
-            f'[[tool.autoalloc.rules]]\nname = "project-{i}"\nscripts = ["**/proj_{i}/train*.py", "nomatch_{i}_*.py"]\n'
+            f'[[tool.autoalloc.rules]]\nname = "project-{i}"\n'
+            f'scripts = ["**/proj_{i}/train*.py", "nomatch_{i}_*.py"]\n'
             f'modules = ["proj{i}.train*"]\ncommands = ["proj{i}-train"]\n'
         )
     write(top / "pyproject.toml", '[project]\nname = "p3"\n\n' + "\n".join(project))
     user = ["[allocator]\nexpandable_segments = true\n"]
     for i in range(rules - half - 1):
         user.append(
-            f'[[rules]]\nname = "user-{i}"\nscripts = ["**/user_{i}/**/train*.py"]\nmodules = ["user{i}.train"]\n'
+            f'[[rules]]\nname = "user-{i}"\nscripts = ["**/user_{i}/**/train*.py"]\n'
+            f'modules = ["user{i}.train"]\n'
             f'imports = ["user{i}.asr.data"]\n'
         )
-    user.append('[[rules]]\nname = "user-last"\nscripts = ["**/d00/**/train_asr_p3.py"]\naction = "apply"\n')
+    user.append(
+        '[[rules]]\nname = "user-last"\nscripts = ["**/d00/**/train_asr_p3.py"]\naction = "apply"\n'
+    )
     write(config_home / "autoalloc" / "config.toml", "\n".join(user))
     return deep, config_home
 
@@ -444,7 +459,9 @@ def p3_fixture(work: Path, rules: int, depth: int) -> tuple[Path, Path]:
 
 
 def p1(venv: Venv, env: dict, cwd: str, runs: int, warmup: int, probe_runs: int = 0) -> dict:
-    result = measured(interleaved(venv, [venv.python, "-c", "pass"], env, cwd, runs, warmup), BUDGET_RATIO)
+    result = measured(
+        interleaved(venv, [venv.python, "-c", "pass"], env, cwd, runs, warmup), BUDGET_RATIO
+    )
     if probe_runs:
         venv.set_hook(False)
         try:
@@ -452,7 +469,10 @@ def p1(venv: Venv, env: dict, cwd: str, runs: int, warmup: int, probe_runs: int 
             samples = inprocess(venv, ["-c", PTH_LINE_PROBE, pth], env, cwd, probe_runs)
         finally:
             venv.set_hook(True)
-        result["hook_line"] = {"wall": us_summary([s[0] for s in samples]), "cpu": us_summary([s[1] for s in samples])}
+        result["hook_line"] = {
+            "wall": us_summary([s[0] for s in samples]),
+            "cpu": us_summary([s[1] for s in samples]),
+        }
     return result
 
 
@@ -507,8 +527,13 @@ print(",".join(sorted(imported)))
 TORCH_MODULES_PROBE = "import json, sys, torch; print(json.dumps(sorted(sys.modules)))"
 
 
-def inprocess(venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs: int) -> list[list[float]]:
-    """Run ``python *argv_tail`` in ``runs`` fresh processes; the numbers each prints first, in microseconds."""
+def inprocess(
+    venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs: int
+) -> list[list[float]]:
+    """Run ``python *argv_tail`` in ``runs`` fresh processes.
+
+    Returns the numbers each process prints first, in microseconds.
+    """
     out = []
     for _ in range(runs):
         line = run_out(venv, [venv.python, *argv_tail], env, cwd).stdout.splitlines()[0].split()
@@ -517,7 +542,11 @@ def inprocess(venv: Venv, argv_tail: list[str], env: dict, cwd: str, runs: int) 
 
 
 def us_summary(values: list[float]) -> dict:
-    return {"median_us": statistics.median(values), "p10_us": quantile(values, 0.1), "p90_us": quantile(values, 0.9)}
+    return {
+        "median_us": statistics.median(values),
+        "p10_us": quantile(values, 0.1),
+        "p90_us": quantile(values, 0.9),
+    }
 
 
 def armed_check(venv: Venv, env: dict, cwd: str) -> dict:
@@ -526,18 +555,23 @@ def armed_check(venv: Venv, env: dict, cwd: str) -> dict:
     out = {}
     for on in (True, False):
         venv.set_hook(on)
-        out["hook" if on else "no_hook"] = run_out(venv, [venv.python, "-c", code], env, cwd).stdout.strip() == "True"
+        out["hook" if on else "no_hook"] = (
+            run_out(venv, [venv.python, "-c", code], env, cwd).stdout.strip() == "True"
+        )
     venv.set_hook(True)
     return out
 
 
-def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int, probe_runs: int = 0) -> dict:
+def p2(
+    venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int, probe_runs: int = 0
+) -> dict:
     project = work / "project"
     write(project / "pyproject.toml", PROJECT_PYPROJECT)
     script = write(project / "src" / "train_asr_bench.py", "import torch\n")
     check = write(
         project / "src" / "train_asr_check.py",
-        "import os, torch\nprint(os.environ.get('AUTOALLOC_APPLIED'), os.environ.get('PYTORCH_CUDA_ALLOC_CONF'))\n",
+        "import os, torch\n"
+        "print(os.environ.get('AUTOALLOC_APPLIED'), os.environ.get('PYTORCH_CUDA_ALLOC_CONF'))\n",
     )
     config_home = work / "xdg-config"
     write(config_home / "autoalloc" / "config.toml", USER_POLICY)
@@ -545,22 +579,40 @@ def p2(venv: Venv, work: Path, runs: int, warmup: int, importtime_runs: int, pro
     applied = {}
     for on in (True, False):
         venv.set_hook(on)
-        applied["hook" if on else "no_hook"] = run_out(venv, [venv.python, str(check)], env, str(project)).stdout.strip()
+        applied["hook" if on else "no_hook"] = run_out(
+            venv, [venv.python, str(check)], env, str(project)
+        ).stdout.strip()
     venv.set_hook(True)
-    result = measured(interleaved(venv, [venv.python, str(script)], env, str(project), runs, warmup), BUDGET_RATIO)
+    result = measured(
+        interleaved(venv, [venv.python, str(script)], env, str(project), runs, warmup), BUDGET_RATIO
+    )
     result["applied"] = applied
-    result["applied_ok"] = applied["hook"].startswith("bench-project-rule;") and applied["no_hook"].startswith("None")
+    result["applied_ok"] = applied["hook"].startswith("bench-project-rule;") and applied[
+        "no_hook"
+    ].startswith("None")
     result["importtime"] = importtime_check(venv, [str(script)], env, str(project), importtime_runs)
     if probe_runs:
         # run as a script that matches the project rule, like the timed one
         probe = write(project / "src" / "train_asr_probe.py", IMPORT_TORCH_PROBE)
-        hook_modules = set(run_out(venv, [venv.python, str(probe)], env, str(project)).stdout.splitlines()[1].split(","))
+        hook_modules = set(
+            run_out(venv, [venv.python, str(probe)], env, str(project))
+            .stdout.splitlines()[1]
+            .split(",")
+        )
         venv.set_hook(False)
         try:
-            torch_modules = set(json.loads(run_out(venv, [venv.python, "-c", TORCH_MODULES_PROBE], env, str(project)).stdout))
+            torch_modules = set(
+                json.loads(
+                    run_out(
+                        venv, [venv.python, "-c", TORCH_MODULES_PROBE], env, str(project)
+                    ).stdout
+                )
+            )
         finally:
             venv.set_hook(True)
-        anyway = sorted(m for m in hook_modules & torch_modules if m != "torch" and not m.startswith("torch."))
+        anyway = sorted(
+            m for m in hook_modules & torch_modules if m != "torch" and not m.startswith("torch.")
+        )
         gross = inprocess(venv, [str(probe)], env, str(project), probe_runs)
         net = inprocess(venv, [str(probe), ",".join(anyway)], env, str(project), probe_runs)
         result["hook_at_import_torch"] = {
@@ -580,7 +632,9 @@ def p3(venv: Venv, work: Path, iterations: int, cold_runs: int, rules: int = 200
     deep, config_home = p3_fixture(work, rules, 30)
     env = base_env(work, config_home)
     script = write(work / "p3_decide.py", P3_SCRIPT)
-    warm = json.loads(run_out(venv, [venv.python, str(script), str(iterations)], env, str(deep)).stdout)
+    warm = json.loads(
+        run_out(venv, [venv.python, str(script), str(iterations)], env, str(deep)).stdout
+    )
     cold_first, cold_import = [], []
     for _ in range(cold_runs):
         one = json.loads(run_out(venv, [venv.python, str(script), "1"], env, str(deep)).stdout)
@@ -599,7 +653,8 @@ def p3(venv: Venv, work: Path, iterations: int, cold_runs: int, rules: int = 200
         "depth": 30,
         "action": warm["action"],
         "rule": warm["rule"],
-        "decision_ok": warm["action"] == "apply" and warm["rule"] == ("user-last" if rules else "bench-project-rule"),
+        "decision_ok": warm["action"] == "apply"
+        and warm["rule"] == ("user-last" if rules else "bench-project-rule"),
         "layers": warm["layers"],
         "warm": summary(times),
         "cold_first_call": summary(cold_first),
@@ -701,11 +756,15 @@ def verdict(ok: bool | None) -> str:
 def table(results: dict) -> str:
     meta = results["meta"]
     lines = [
-        f"autoalloc startup benchmark: Python {meta['python']}, {meta['torch']}, autoalloc {meta['autoalloc']}, "
-        f"{meta['cpus']} CPUs, load average {meta['loadavg_start'][0]:.2f} at start, {meta['loadavg_end'][0]:.2f} at end",
-        f"{meta['runs']} interleaved pairs per case (P2: {meta['runs_p2']}); wall clock from spawn to exit, ms: median [p10-p90]",
+        f"autoalloc startup benchmark: Python {meta['python']}, {meta['torch']}, "
+        f"autoalloc {meta['autoalloc']}, {meta['cpus']} CPUs, "
+        f"load average {meta['loadavg_start'][0]:.2f} at start, "
+        f"{meta['loadavg_end'][0]:.2f} at end",
+        f"{meta['runs']} interleaved pairs per case (P2: {meta['runs_p2']}); "
+        "wall clock from spawn to exit, ms: median [p10-p90]",
         "",
-        f"{'case':<46}{'no hook':>22}{'hook':>22}{'delta (paired p10..p90)':>30}{'ratio':>8}  budget",
+        f"{'case':<46}{'no hook':>22}{'hook':>22}"
+        f"{'delta (paired p10..p90)':>30}{'ratio':>8}  budget",
     ]
     rows = [
         ("P1  python -c pass", results.get("p1")),
@@ -722,9 +781,14 @@ def table(results: dict) -> str:
                 name, budget = "    CPU time of the process (user+sys)", ""
             else:
                 name = label
-                budget = f"<= {r['budget_ratio']:.2f} {verdict(r['within_budget'])}" if label[:3] != "P1'" else "(reported)"
+                budget = (
+                    f"<= {r['budget_ratio']:.2f} {verdict(r['within_budget'])}"
+                    if label[:3] != "P1'"
+                    else "(reported)"
+                )
             lines.append(
-                f"{name:<46}{fmt_arm(data['no_hook']):>22}{fmt_arm(data['hook']):>22}{delta:>30}{data['ratio']:>8.3f}  {budget}"
+                f"{name:<46}{fmt_arm(data['no_hook']):>22}{fmt_arm(data['hook']):>22}"
+                f"{delta:>30}{data['ratio']:>8.3f}  {budget}"
             )
     p3_rows = (
         ("p3", "P3  decision, 200 rules, depth 30"),
@@ -740,15 +804,20 @@ def table(results: dict) -> str:
         first_budget = f"first <= {p3r['budget_first_call_ms']:.0f} ms"
         ok = verdict(p3r["within_budget"])
         budget = f"{warm_budget}{first_budget} {ok}" if key != "p3_typical" else ""
-        lines.append(f"{label:<46}{'warm':>6}{fmt_arm(w):>22}{'first call of a process':>28}{fmt_arm(c):>22}  {budget}")
         lines.append(
-            f"      {p3r['rules']} rules in effect; rule {p3r['rule']!r} decided {p3r['action']}; importing the "
-            f"decision modules first: {p3r['cold_module_import']['median_ms']:.1f} ms (median)"
+            f"{label:<46}{'warm':>6}{fmt_arm(w):>22}"
+            f"{'first call of a process':>28}{fmt_arm(c):>22}  {budget}"
+        )
+        lines.append(
+            f"      {p3r['rules']} rules in effect; rule {p3r['rule']!r} decided {p3r['action']}; "
+            "importing the decision modules first: "
+            f"{p3r['cold_module_import']['median_ms']:.1f} ms (median)"
         )
     site = results.get("site")
     if site:
         arms = site["arms"]
-        head = f"S   site.main() cost in the same venv, {site['runs']} rounds of 4 alternating arms"
+        rounds = site["runs"]
+        head = f"S   site.main() cost in the same venv, {rounds} rounds of 4 alternating arms"
         lines += ["", head + " (us, median minus no .pth):"]
         labels = {
             "autoalloc": "autoalloc.pth",
@@ -770,59 +839,97 @@ def table(results: dict) -> str:
     if it:
         extra = ", ".join(it["extra_modules"]) or "(none)"
         times = ", ".join(f"{k} {v['self_us']:.0f} us" for k, v in it["import_us"].items())
-        lines += ["", f"python -X importtime -c pass: modules the hook adds: {extra} -> {'ok' if it['ok'] else 'FAIL'} ({times})"]
+        lines += [
+            "",
+            f"python -X importtime -c pass: modules the hook adds: {extra} -> "
+            f"{'ok' if it['ok'] else 'FAIL'} ({times})",
+        ]
     p2r = results.get("p2")
     if p2r:
         pit = p2r["importtime"]
         lines.append(
-            f"P2 hook arm: AUTOALLOC_APPLIED={p2r['applied']['hook']!r} -> {'ok' if p2r['applied_ok'] else 'FAIL'}; "
+            f"P2 hook arm: AUTOALLOC_APPLIED={p2r['applied']['hook']!r} -> "
+            f"{'ok' if p2r['applied_ok'] else 'FAIL'}; "
             f"modules the hook adds to the torch process: {len(pit['extra_modules'])} "
             f"(self time {pit['extra_self_us_total'] / 1000:.1f} ms under -X importtime)"
         )
     line = (results.get("p1") or {}).get("hook_line")
     if line:
         lines.append(
-            f"P1 hook's own work in process (the .pth line, exec'd as site.py does): "
-            f"{line['wall']['median_us']:.0f} us wall, {line['cpu']['median_us']:.0f} us CPU (median)"
+            "P1 hook's own work in process (the .pth line, exec'd as site.py does): "
+            f"{line['wall']['median_us']:.0f} us wall, "
+            f"{line['cpu']['median_us']:.0f} us CPU (median)"
         )
     at = (p2r or {}).get("hook_at_import_torch")
     if at:
         lines.append(
-            f"P2 hook's own work in process at import torch: decision {at['decide_wall']['median_us'] / 1000:.1f} ms wall "
+            "P2 hook's own work in process at import torch: "
+            f"decision {at['decide_wall']['median_us'] / 1000:.1f} ms wall "
             f"({at['decide_cpu']['median_us'] / 1000:.1f} ms CPU), guards after torch loaded "
-            f"{at['guards_wall']['median_us'] / 1000:.1f} ms ({at['guards_cpu']['median_us'] / 1000:.1f} ms CPU), median"
+            f"{at['guards_wall']['median_us'] / 1000:.1f} ms "
+            f"({at['guards_cpu']['median_us'] / 1000:.1f} ms CPU), median"
         )
         lines.append(
             f"    the decision net of the {len(at['of_which_torch_imports_anyway'])} (of "
             f"{len(at['modules_hook_imports'])}) modules it imports that torch imports anyway: "
-            f"{at['net_decide_wall']['median_us'] / 1000:.1f} ms wall ({at['net_decide_cpu']['median_us'] / 1000:.1f} ms CPU)"
+            f"{at['net_decide_wall']['median_us'] / 1000:.1f} ms wall "
+            f"({at['net_decide_cpu']['median_us'] / 1000:.1f} ms CPU)"
         )
     armed = results.get("armed")
     if armed:
-        lines.append(f"watcher armed: hook {armed['hook']}, no hook {armed['no_hook']} -> {'ok' if armed['ok'] else 'FAIL'}")
+        lines.append(
+            f"watcher armed: hook {armed['hook']}, no hook {armed['no_hook']} -> "
+            f"{'ok' if armed['ok'] else 'FAIL'}"
+        )
     return "\n".join(lines)
 
 
 def git_state() -> str:
     """The checkout that was installed: commit, and whether the working tree differed from it."""
     try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "autoalloc"],
-                               capture_output=True, text=True)  # fmt: skip
+        head = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "autoalloc"],
+            capture_output=True,
+            text=True,
+        )
     except OSError:
         return "unknown"
-    return head.stdout.strip() + (" + uncommitted changes in autoalloc/" if dirty.stdout.strip() else "")
+    return head.stdout.strip() + (
+        " + uncommitted changes in autoalloc/" if dirty.stdout.strip() else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny run counts (plumbing only; the figures mean little)")
-    ap.add_argument("--runs", type=int, help="interleaved pairs for P1 and P1' (default 200; P2 gets a tenth, at least 3)")
-    ap.add_argument("--runs-p2", type=int, help="interleaved pairs for P2 (default: --runs / 10, at least 3)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny run counts (plumbing only; the figures mean little)",
+    )
+    ap.add_argument(
+        "--runs",
+        type=int,
+        help="interleaved pairs for P1 and P1' (default 200; P2 gets a tenth, at least 3)",
+    )
+    ap.add_argument(
+        "--runs-p2", type=int, help="interleaved pairs for P2 (default: --runs / 10, at least 3)"
+    )
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
-    ap.add_argument("--venv", metavar="DIR", default=str(DEFAULT_VENV), help=f"the venv (default {DEFAULT_VENV}; reused)")
+    ap.add_argument(
+        "--venv",
+        metavar="DIR",
+        default=str(DEFAULT_VENV),
+        help=f"the venv (default {DEFAULT_VENV}; reused)",
+    )
     ap.add_argument("--fresh", action="store_true", help="recreate the venv")
-    ap.add_argument("--python", default=sys.executable, help="base interpreter for the venv (default: this one)")
+    ap.add_argument(
+        "--python", default=sys.executable, help="base interpreter for the venv (default: this one)"
+    )
     cases = "site,p1,p1_nobytecode,p2,p3"
     ap.add_argument("--only", default=cases, help=f"comma-separated cases ({cases})")
     args = ap.parse_args(argv)
@@ -862,7 +969,8 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": warmup,
             "quick": args.quick,
             "venv": str(venv.root),
-            "command": "python benchmarks/startup.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "command": "python benchmarks/startup.py "
+            + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "setup_s": round(t_setup, 1),
             "loadavg_start": os.getloadavg(),
@@ -886,24 +994,40 @@ def main(argv: list[str] | None = None) -> int:
         it["ok"] = set(it["extra_modules"]) == HOOK_MODULES and not it["missing_modules"]
         results["importtime"] = it
         if not it["ok"]:
-            failures.append(f"the hook imports {it['extra_modules']} (expected only {sorted(HOOK_MODULES)})")
+            failures.append(
+                f"the hook imports {it['extra_modules']} (expected only {sorted(HOOK_MODULES)})"
+            )
 
         if "site" in only:
             results["site"] = site_cost(venv, env, cwd, runs, warmup)
         if "p1" in only:
             results["p1"] = p1(venv, env, cwd, runs, warmup, 3 if args.quick else 50)
         if "p2" in only:
-            results["p2"] = p2(venv, work, runs_p2, 0 if args.quick else 2, 1 if args.quick else 3, 1 if args.quick else 10)
+            results["p2"] = p2(
+                venv,
+                work,
+                runs_p2,
+                0 if args.quick else 2,
+                1 if args.quick else 3,
+                1 if args.quick else 10,
+            )
             if not results["p2"]["applied_ok"]:
-                failures.append(f"P2: the hook arm did not apply the project rule: {results['p2']['applied']}")
+                failures.append(
+                    f"P2: the hook arm did not apply the project rule: {results['p2']['applied']}"
+                )
         if "p3" in only:
             results["p3"] = p3(venv, work, 20 if args.quick else 300, 2 if args.quick else 10)
-            results["p3_typical"] = p3(venv, work, 20 if args.quick else 300, 2 if args.quick else 10, rules=0)
+            results["p3_typical"] = p3(
+                venv, work, 20 if args.quick else 300, 2 if args.quick else 10, rules=0
+            )
             big = (2, 1) if args.quick else (5, 5)
             results["p3_10k"] = p3(venv, work, *big, rules=10_000)
             for key in ("p3", "p3_typical", "p3_10k"):
                 if not results[key]["decision_ok"]:
-                    failures.append(f"{key}: unexpected decision {results[key]['action']} / {results[key]['rule']}")
+                    failures.append(
+                        f"{key}: unexpected decision "
+                        f"{results[key]['action']} / {results[key]['rule']}"
+                    )
         if "p1_nobytecode" in only:
             results["p1_nobytecode"] = p1_nobytecode(venv, env, cwd, runs, warmup)
     venv.set_hook(True)
