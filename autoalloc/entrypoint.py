@@ -117,7 +117,10 @@ def parse(argv: Sequence[str], cwd: str | None = None, stdin_isatty: bool = Fals
 LAUNCHERS = frozenset({"torchrun", "torch.distributed.run", "torch.distributed.launch"})
 # Launcher options that take no value; every other option without '=' consumes the next argument.
 _LAUNCHER_FLAGS = frozenset(
-    {"--standalone", "--use-env", "--use_env", "--virtual-local-rank", "--virtual_local_rank", "-m", "--module"}
+    {
+        "--standalone", "--use-env", "--use_env", "--virtual-local-rank", "--virtual_local_rank",
+        "-m", "--module",
+    }
 )
 _LAUNCHER_NOT_PYTHON = frozenset({"--no-python", "--no_python", "--run-path", "--run_path"})
 
@@ -148,7 +151,9 @@ def worker_argv(entry: EntryPoint, python: str) -> list[str] | None:
     return [python, "-u", *(["-m"] if module else []), *args[i:]]
 
 
-def decided_for(entry: EntryPoint, python: str, cwd: str | None) -> tuple[EntryPoint, list[str] | None]:
+def decided_for(
+    entry: EntryPoint, python: str, cwd: str | None
+) -> tuple[EntryPoint, list[str] | None]:
     """The entry point autoalloc decides for: a torchrun launcher's workers (and their
     command line), else ``entry`` itself (and None)."""
     workers = worker_argv(entry, python)

@@ -22,7 +22,8 @@ CONFLICT_MODES = ("keep", "override")
 SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drops options
 
 _TOP_KEYS = {
-    "enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "enable", "trusted_dirs",
+    "enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "enable",
+    "trusted_dirs",
 }
 _RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action",
               "allocator", "enabled", "outside"}
@@ -194,7 +195,9 @@ def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
     keys = _TOP_KEYS if allow_trust else _TOP_KEYS - {"trusted_dirs"}
     unknown = sorted(set(data) - keys)
     if unknown:
-        hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)" if unknown[0] == "trusted_dirs" else ""
+        hint = ""
+        if unknown[0] == "trusted_dirs":
+            hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
         raise PolicyError(f"unknown key {unknown[0]!r}{hint}")
     enabled = data.get("enabled")
     if enabled is not None and not isinstance(enabled, bool):
@@ -248,7 +251,8 @@ class Policy:
     rules: tuple[Rule, ...]  # highest layer first, file order within a layer
     dropped: Mapping[str, str]  # rule name -> why it is not active
     on_setter: Valued = Valued("warn")
-    switched_on: Mapping[str, str] = field(default_factory=dict)  # off-by-default rule -> enabled by
+    # off-by-default rule -> what enabled it
+    switched_on: Mapping[str, str] = field(default_factory=dict)
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
         """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
@@ -286,7 +290,8 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
             disabler = switch[1] if switch and switch[0] == "disable" else None
             replacer = next((configs[i] for i in above if rule.name in named[i]), None)
             if disabler is not None:
-                dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {disabler.source.describe()}"
+                where = disabler.source.describe()
+                dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {where}"
             elif replacer is None and not rule.enabled and switch is None:
                 why = f'off until enabled (enable = ["{rule.name}"])'
                 dropped[f"{rule.name}@{config.source.layer}"] = why

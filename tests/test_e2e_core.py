@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, Sandbox, assert_applied, assert_untouched, autoalloc_warnings, probe_result
+from tests.conftest import (
+    PROBE,
+    Sandbox,
+    assert_applied,
+    assert_untouched,
+    autoalloc_warnings,
+    probe_result,
+)
 
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 ES = "expandable_segments:True"

@@ -20,7 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, PY, REPO, Sandbox, assert_applied, assert_untouched, autoalloc_warnings, probe_result
+from tests.conftest import (
+    PROBE,
+    PY,
+    REPO,
+    Sandbox,
+    assert_applied,
+    assert_untouched,
+    autoalloc_warnings,
+    probe_result,
+)
 
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"  # matches the built-in nemo-asr-train rule
 PLAIN = "tools/plain_tool.py"  # matches no rule
