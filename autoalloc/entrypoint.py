@@ -3,7 +3,8 @@
 ``parse(argv, cwd)`` is a pure function of the full interpreter command line
 (``sys.orig_argv``): it skips the interpreter's own options and tells a script, a
 ``-m`` module, a console script, ``-c`` code, stdin or the REPL apart.
-``current()`` reads the command line of this process.
+``current()`` reads the command line of this process. Wrappers (profilers, debuggers,
+launchers) are taken off by ``wrappers.unwrap``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def _abspath(path: str, cwd: str | None) -> str:
     return os.path.normpath(path)
 
 
-def _program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
+def program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
+    """The entry point of running the file ``path``: a script, a directory or a command."""
     absolute = _abspath(path, cwd)
     try:
         real = os.path.realpath(absolute)
@@ -110,54 +112,7 @@ def parse(argv: Sequence[str], cwd: str | None = None, stdin_isatty: bool = Fals
         return EntryPoint("repl" if stdin_isatty else "stdin")
     if argv[i] == "-":
         return EntryPoint("stdin", "", tuple(argv[i + 1 :]))
-    return _program(argv[i], argv[i + 1 :], cwd)
-
-
-# torchrun and its module forms start every worker as ``python -u [-m] TARGET ARGS``.
-LAUNCHERS = frozenset({"torchrun", "torch.distributed.run", "torch.distributed.launch"})
-# Launcher options that take no value; every other option without '=' consumes the next argument.
-_LAUNCHER_FLAGS = frozenset(
-    {
-        "--standalone", "--use-env", "--use_env", "--virtual-local-rank", "--virtual_local_rank",
-        "-m", "--module",
-    }
-)
-_LAUNCHER_NOT_PYTHON = frozenset({"--no-python", "--no_python", "--run-path", "--run_path"})
-
-
-def worker_argv(entry: EntryPoint, python: str) -> list[str] | None:
-    """For a torchrun launcher, the interpreter command line each of its workers gets, else None.
-
-    The launcher decides for its workers, so that they inherit one decision (and at most
-    one warning) instead of each deciding again. ``--no-python`` and ``--run-path``
-    workers are not started as ``python TARGET``: None.
-    """
-    if entry.kind not in ("module", "command") or entry.target not in LAUNCHERS:
-        return None
-    args = entry.args
-    module = False
-    i = 0
-    while i < len(args) and args[i].startswith("-") and args[i] != "-":
-        name = args[i].split("=", 1)[0]
-        if name in _LAUNCHER_NOT_PYTHON:
-            return None
-        if name in ("-m", "--module"):
-            module = True
-        elif name not in _LAUNCHER_FLAGS and "=" not in args[i]:
-            i += 1  # the option's value
-        i += 1
-    if i >= len(args):
-        return None
-    return [python, "-u", *(["-m"] if module else []), *args[i:]]
-
-
-def decided_for(
-    entry: EntryPoint, python: str, cwd: str | None
-) -> tuple[EntryPoint, list[str] | None]:
-    """The entry point autoalloc decides for: a torchrun launcher's workers (and their
-    command line), else ``entry`` itself (and None)."""
-    workers = worker_argv(entry, python)
-    return (parse(workers, cwd) if workers else entry), workers
+    return program(argv[i], argv[i + 1 :], cwd)
 
 
 def _strings(value: object) -> list[str] | None:

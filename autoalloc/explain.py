@@ -14,7 +14,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autoalloc import entrypoint, torchinfo
+from autoalloc import entrypoint, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers
 from autoalloc.plan import plan
@@ -128,11 +128,15 @@ def explain(
         **policy_dict(result.policy),
         "decision": result.decision.as_dict(),
     }
-    if result.workers:
+    program = result.program
+    if program is not None and program.steps:
+        report["wrappers"] = wrappers.as_dict(program)
+    launcher = program.launcher() if program is not None else None
+    if launcher is not None:
         report["launcher"] = {
-            "kind": entry.kind,
-            "target": entry.target,
-            "worker_argv": list(result.workers),
+            "kind": launcher.entry.kind,
+            "target": launcher.entry.target,
+            "worker_argv": list(result.workers) if result.workers else None,
         }
     if result.decision.action == "none" and result.policy is not None:
         report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
@@ -164,6 +168,9 @@ def _render_program(report: Mapping[str, Any]) -> list[str]:
     lines = [f"entry point:  {ep['kind']}{target}{args}"]
     if "launcher" in report:
         lines.append(f"              (as seen by the workers of {report['launcher']['target']})")
+    elif report.get("wrappers"):
+        names = " -> ".join(w["name"] for w in report["wrappers"])
+        lines.append(f"              (as run by {names})")
     if report.get("imported"):
         lines.append(
             f"imported:     {', '.join(report['imported'])} (as if the program imported them)"

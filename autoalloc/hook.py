@@ -67,7 +67,7 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
         return
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
-    STATE.plan = plan(entry, os.environ, cwd, info, imported)
+    STATE.plan = plan(entry, os.environ, cwd, info, imported, argv=getattr(sys, "argv", None))
     STATE.own = frozenset(sys.modules.keys() - imported)
     commit(STATE.plan.decision)
     watcher = _watcher()

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from autoalloc import entrypoint, messages, sources
+from autoalloc import messages, sources, wrappers
 from autoalloc._startup import DISABLE_VAR, truthy
 from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
@@ -27,13 +27,14 @@ class Plan:
     """What autoalloc decided for one process, and what it decided from."""
 
     entry: EntryPoint  # the process's own entry point
-    decided_for: EntryPoint  # the program decided for: a torchrun launcher's workers, or entry
+    decided_for: EntryPoint  # the program decided for: the one inside any wrappers, or entry
     # (its text decoded as UTF-8 where the interpreter could not)
     workers: tuple[str, ...] | None  # the launcher's worker command line, when it is one
     torch: TorchInfo | None
     policy: Policy | None  # None: the layers were not read (AUTOALLOC_DISABLE)
     decision: Decision
     imported: frozenset[str]  # the modules the decision counted as imported
+    program: wrappers.Unwrapped | None = None  # the wrappers taken off (outermost first)
 
     def after_import(
         self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool
@@ -80,6 +81,7 @@ def plan(
     imported: Iterable[str] = (),
     *,
     python: str | None = None,
+    argv: Sequence[object] | None = None,
     late: bool = False,
     platform: str = sys.platform,
     rule: str | None = None,
@@ -88,29 +90,36 @@ def plan(
 
     ``imported``: the modules the program has imported (torch always counts: the decision
     is made at its import). ``late``: torch is loaded already, so options go through the
-    runtime setter. ``rule``: decide as if the rule of that name matched (``doctor``'s
-    "what would a matching job get").
+    runtime setter. ``argv``: the process's ``sys.argv`` at the decision (for
+    ``runpy.run_path``; None for a command line not started). ``rule``: decide as if the
+    rule of that name matched (``doctor``'s "what would a matching job get").
     """
     seen = frozenset({*imported, "torch"})
-    # 1. The program to decide for: a torchrun launcher decides for its workers, so that
-    #    every rank inherits one decision (and at most one warning).
-    target, workers = entrypoint.decided_for(entry, python or sys.executable or "python", cwd)
-    if workers is not None:
-        messages.debug(f"{entry.describe()} is a launcher: deciding for its workers")
-    matched = utf8_entry(target)  # matched as text; the file system gets the original
+    # 1. The program to decide for: the one inside profilers, debuggers and launchers (a
+    #    launcher decides for its workers, so that every rank inherits one decision and at
+    #    most one warning), with 3. the policy layers that govern it.
+    disabled_here = truthy(env.get(DISABLE_VAR))
+    if disabled_here:
+        table = wrappers.builtin() if wrappers.may_wrap(entry) else ()
+        policy, program = None, wrappers.unwrap(entry, table, cwd, argv)
+    else:
+        policy, program = sources.load_program(entry, env, cwd, argv)
+    if program.steps:
+        inner = program.describe()
+        messages.debug(f"{entry.describe()} runs another program: deciding for {inner}")
+    workers = wrappers.worker_argv(program, python or sys.executable or "python")
+    matched = utf8_entry(program.entry)  # matched as text; the file system gets the original
     args = (entry, matched, tuple(workers) if workers else None, torch)
     # 2. AUTOALLOC_DISABLE: nothing of autoalloc's, not even what a parent process wrote.
-    if truthy(env.get(DISABLE_VAR)):
+    if policy is None:
         decision = disabled(matched, env, torch, f"{DISABLE_VAR} is set")
-        return Plan(*args, None, decision, seen)
-    # 3. The policy layers that govern this program.
-    policy = sources.load(target, env, cwd)
+        return Plan(*args, None, decision, seen, program)
     # 4. The decision.
     if rule is None:
         decision = decide(policy, matched, env, torch, seen, late=late, platform=platform)
     else:
         decision = _as_if(policy, rule, matched, env, torch, late, platform)
-    return Plan(*args, policy, decision, seen)
+    return Plan(*args, policy, decision, seen, program)
 
 
 def _as_if(

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, get_args
 
-from autoalloc import allocconf, globs
+from autoalloc import allocconf, globs, wrappers
+from autoalloc.wrappers import Wrapper
 
 LayerName = Literal["builtin", "site", "user", "project", "env"]
 LayerState = Literal["found", "missing", "error", "untrusted", "unset"]
@@ -23,7 +24,7 @@ SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drop
 
 _TOP_KEYS = {
     "enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "enable",
-    "trusted_dirs",
+    "trusted_dirs", "wrappers",
 }
 _RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action",
               "allocator", "enabled", "outside"}
@@ -79,6 +80,7 @@ class LayerConfig:
     trusted_dirs: tuple[str, ...] = ()
     on_setter: str | None = None
     enable: tuple[str, ...] = ()
+    wrappers: tuple[Wrapper, ...] = ()  # programs that run another program (wrappers.toml)
 
 
 @dataclass(frozen=True)
@@ -221,8 +223,12 @@ def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
     disable = _str_list(data["disable"], "disable") if "disable" in data else ()
     trusted = _str_list(data["trusted_dirs"], "trusted_dirs") if "trusted_dirs" in data else ()
     enable = _str_list(data["enable"], "enable") if "enable" in data else ()
+    try:
+        table = wrappers.validate_all(data["wrappers"], source.layer) if "wrappers" in data else ()
+    except wrappers.WrapperError as exc:
+        raise PolicyError(str(exc)) from None
     return LayerConfig(
-        source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter, enable
+        source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter, enable, table
     )
 
 
@@ -253,6 +259,7 @@ class Policy:
     on_setter: Valued = Valued("warn")
     # off-by-default rule -> what enabled it
     switched_on: Mapping[str, str] = field(default_factory=dict)
+    wrappers: tuple[Wrapper, ...] = ()  # highest layer first; a name replaces lower ones
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
         """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
@@ -307,8 +314,20 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
     return Policy(
         tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped,
-        on_setter, switched_on,
+        on_setter, switched_on, _wrappers(configs),
     )
+
+
+def _wrappers(configs: Sequence[LayerConfig]) -> tuple[Wrapper, ...]:
+    """Wrappers of every layer, highest first; one of the same name in a higher layer, or
+    a higher layer's ``disable``, removes a lower one."""
+    table: list[Wrapper] = []
+    for level in range(len(configs) - 1, -1, -1):
+        higher = configs[level + 1 :]
+        for wrapper in configs[level].wrappers:
+            if not any(wrapper.name in (*c.disable, *(w.name for w in c.wrappers)) for c in higher):
+                table.append(wrapper)
+    return tuple(table)
 
 
 def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfig] | None:

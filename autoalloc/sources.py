@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from autoalloc import messages
+from autoalloc import messages, wrappers
 from autoalloc._startup import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.policy import (
@@ -392,6 +392,9 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     """Every layer for this entry point, lowest first."""
     # 1. built-in rules, shipped as package data
     builtin = load_file("builtin", BUILTIN_PATH, allow_trust=False)
+    if builtin.config is not None and wrappers.may_wrap(entry):  # the wrapper table beside them
+        table = builtin.config.wrappers + wrappers.builtin()
+        builtin = replace(builtin, config=replace(builtin.config, wrappers=table))
     # 2. site and 3. user config files (platformdirs)
     site = _config_dir_layer("site", site_path)
     user = _config_dir_layer("user", user_path)
@@ -410,3 +413,22 @@ def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
     """Read every layer for this entry point and compose them."""
     layers = read_layers(entry, env, cwd)
     return compose([r.config for r in layers if r.config is not None], [r.record() for r in layers])
+
+
+def load_program(
+    entry: EntryPoint,
+    env: Mapping[str, str],
+    cwd: str | None,
+    argv: Sequence[object] | None = None,
+) -> tuple[Policy, wrappers.Unwrapped]:
+    """The program a command runs once its wrappers are taken off, and the policy for it.
+
+    The wrappers come from the layers found for the command as started; when the program
+    searches for its project file elsewhere (a script in another directory), the layers
+    are read again for it, so a profiled run reads what the real run reads.
+    """
+    policy = load(entry, env, cwd)
+    program = wrappers.unwrap(entry, policy.wrappers, cwd, argv)
+    if program.steps and project_start(program.entry, cwd) != project_start(entry, cwd):
+        policy = load(program.entry, env, cwd)
+    return policy, program

@@ -769,63 +769,6 @@ def test_explain_torchrun_shows_the_workers_decision(world: Path) -> None:
     assert report["decision"]["rule"] == "wenet-train"
 
 
-@pytest.mark.parametrize(
-    ("launcher", "worker"),
-    [
-        (
-            [
-                "-m",
-                "torch.distributed.run",
-                "--nproc_per_node=2",
-                "train.py",
-                "--max-duration",
-                "600",
-            ],
-            ["-u", "train.py", "--max-duration", "600"],
-        ),
-        (
-            [
-                "-m",
-                "torch.distributed.run",
-                "--nnodes",
-                "1",
-                "--nproc-per-node",
-                "2",
-                "--standalone",
-                "train.py",
-                "x.py",
-            ],
-            ["-u", "train.py", "x.py"],
-        ),
-        (
-            ["-m", "torch.distributed.launch", "--use_env", "--nproc_per_node", "2", "train.py"],
-            ["-u", "train.py"],
-        ),
-        (
-            [
-                "/venv/bin/torchrun",
-                "--nproc_per_node=4",
-                "-m",
-                "espnet2.bin.asr_train",
-                "--ngpu",
-                "4",
-            ],
-            ["-u", "-m", "espnet2.bin.asr_train", "--ngpu", "4"],
-        ),
-        (
-            ["/venv/bin/torchrun", "--nproc_per_node", "2", "--no-python", "fairseq-hydra-train"],
-            None,
-        ),
-        (["/venv/bin/torchrun", "--nproc_per_node=2"], None),
-        (["-m", "torch.distributed.elastic.agent"], None),
-        (["train.py", "--nproc_per_node=2", "x.py"], None),
-    ],
-)
-def test_launcher_worker_argv(launcher: list[str], worker: list[str] | None) -> None:
-    got = entrypoint.worker_argv(entrypoint.parse([PY, *launcher], "/w"), PY)
-    assert got == (None if worker is None else [PY, *worker])
-
-
 # ---------------------------------------------------------------- enable, the mirror of disable
 
 TTS = "icefall/egs/ljspeech/TTS/vits/train.py"

@@ -32,7 +32,8 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_wheel_contents(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
-        assert {"autoalloc.pth", "autoalloc.start", "autoalloc/_startup.py", "autoalloc/builtin.toml"} <= names
+        assert {"autoalloc.pth", "autoalloc.start", "autoalloc/_startup.py", "autoalloc/builtin.toml",
+                "autoalloc/wrappers.toml"} <= names
         assert zf.read("autoalloc.pth") == (REPO / "autoalloc.pth").read_bytes()
         assert zf.read("autoalloc.start") == b"_autoalloc_startup:main\n"
         # the startup module once more at the top level: what the .pth line imports
