@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from autoalloc.messages import RANK_VARS
+
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable
 CUDA_PY = os.environ.get("AUTOALLOC_TORCH_CUDA_PYTHON", "")
@@ -153,7 +155,8 @@ def clean_env(root: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("AUTOALLOC_", "PYTORCH_", "PYTHON", "XDG_", "TORCH_")) and k not in ("VIRTUAL_ENV",)
+        if not k.startswith(("AUTOALLOC_", "PYTORCH_", "PYTHON", "XDG_", "TORCH_"))
+        and k not in ("VIRTUAL_ENV", *RANK_VARS)  # a distributed job's rank > 0 would silence warnings
     }
     env.update(
         HOME=str(root / "home"),
