@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROBE, PY, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
+from tests.conftest import (
+    PROBE,
+    PY,
+    Sandbox,
+    assert_applied,
+    assert_untouched,
+    autoalloc_warnings,
+    probe_result,
+)
 
 ES = "expandable_segments:True"
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
@@ -458,3 +466,362 @@ def test_user_disable_and_project_replacement(sandbox: Sandbox) -> None:
     report = json.loads(sandbox.run([cli, "explain", "--json", "--", "python", NEMO], python="").stdout)
     assert report["decision"]["rule_source"].startswith("project ")
     assert report["inactive_rules"]["nemo-asr-train@builtin"].startswith("disabled by user")
+
+
+# ---------------------------------------------------------------- profilers, debuggers, runpy
+
+RUNPY = """
+import runpy, sys
+runpy.run_path(sys.argv[1], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        ["-m", "cProfile", "-o", "train.prof"],
+        ["-m", "cProfile", "-s", "cumtime"],
+        ["-m", "profile", "-o", "train.prof"],
+        ["-m", "pdb", "-c", "continue"],
+        ["-m", "trace", "--count", "-C", "cover"],
+        ["run_path.py"],
+    ],
+    ids=["cProfile", "cProfile-sort", "profile", "pdb", "trace", "runpy.run_path"],
+)
+def test_wrapped_nemo_trainer_gets_what_the_real_run_gets(
+    sandbox: Sandbox, wrapper: list[str]
+) -> None:
+    # people profile exactly the step-time problem this fixes: the profiled run gets the option too
+    # under trace every line of torch's import would be traced (minutes): the script stops tracing
+    # first; the decision is made at `import torch` either way, with trace's command line
+    sandbox.script(NEMO, "import sys\nsys.settrace(None)\n" if "trace" in wrapper else "")
+    sandbox.write("run_path.py", RUNPY)
+    result = sandbox.run(
+        [*wrapper, NEMO, "trainer.devices=1"], input="quit\n", env={"AUTOALLOC_DEBUG": "1"}
+    )
+    assert_applied(result, "nemo-asr-train")
+    assert "runs another program: deciding for" in result.stderr
+    real = sandbox.run([NEMO, "trainer.devices=1"])
+    assert probe_result(real.stdout)["applied"] == probe_result(result.stdout)["applied"]
+
+
+ESPNET_TRAIN = {
+    "espnet2/__init__.py": "",
+    "espnet2/bin/__init__.py": "",
+    "espnet2/bin/asr_train.py": PROBE,
+}
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        ["-m", "cProfile", "-m"],
+        ["-m", "pdb", "-c", "continue", "-m"],
+        ["-m", "trace", "--trackcalls", "--module"],
+    ],
+    ids=["cProfile", "pdb", "trace"],
+)
+def test_wrapped_module_trainer(sandbox: Sandbox, wrapper: list[str]) -> None:
+    site = stand_in(
+        sandbox,
+        {**ESPNET_TRAIN, "espnet2/bin/asr_train.py": "import sys\nsys.settrace(None)\n" + PROBE},
+    )
+    result = sandbox.run(
+        [*wrapper, "espnet2.bin.asr_train", "--ngpu", "1"], input="quit\n", env={"PYTHONPATH": site}
+    )
+    assert_applied(result, "espnet2-asr-train")
+
+
+def test_runpy_after_torch_is_imported_decides_for_the_outer_script(sandbox: Sandbox) -> None:
+    # the decision is made at `import torch`: an outer script importing torch first is the program
+    sandbox.script(NEMO)
+    sandbox.write("run_path.py", "import torch\n" + RUNPY)
+    assert_untouched(sandbox.run(["run_path.py", NEMO]))
+
+
+def test_wrapped_skip_rule_still_skips(sandbox: Sandbox) -> None:
+    sandbox.script("NeMo/examples/asr/transcribe_speech.py")
+    assert_untouched(
+        sandbox.run(["-m", "cProfile", "-o", "x.prof", "NeMo/examples/asr/transcribe_speech.py"])
+    )
+
+
+def test_user_wrapper_from_the_policy(sandbox: Sandbox) -> None:
+    # a profiler autoalloc does not know, added in one [[wrappers]] table of the user's policy
+    sandbox.write(
+        "myprof.py",
+        "import runpy, sys\nsys.argv = sys.argv[3:]\n"
+        "runpy.run_path(sys.argv[0], run_name='__main__')\n",
+    )
+    sandbox.script(NEMO)
+    sandbox.user_policy(
+        '[[wrappers]]\nname = "myprof"\nscripts = ["myprof.py"]\nvalue_options = ["--out"]\n'
+    )
+    cli = str(Path(PY).with_name("autoalloc"))
+    report = json.loads(
+        sandbox.run(
+            [cli, "explain", "--json", "--", "python", "myprof.py", "--out", "p", NEMO], python=""
+        ).stdout
+    )
+    assert report["entry_point"]["target"] == str(sandbox.work / NEMO)
+    assert report["wrappers"] == [
+        {
+            "name": "myprof",
+            "layer": "user",
+            "launcher": False,
+            "kind": "script",
+            "target": str(sandbox.work / "myprof.py"),
+        }
+    ]
+    assert report["decision"]["rule"] == "nemo-asr-train"
+    # sys.argv[0] is already the trainer at import torch here; the table is what explain goes by
+    assert_applied(sandbox.run(["myprof.py", "--out", "p", NEMO]), "nemo-asr-train")
+
+
+@pytest.mark.parametrize(
+    ("command", "module"),
+    [
+        (["{bin}/coverage", "run", "--branch"], False),
+        (["-m", "coverage", "run", "-p"], False),
+        (["{bin}/coverage", "run", "--source", "espnet2", "-m"], True),
+    ],
+    ids=["coverage-run", "python-m-coverage-run", "coverage-run-m"],
+)
+def test_coverage_run(sandbox: Sandbox, command: list[str], module: bool) -> None:
+    pytest.importorskip("coverage")
+    site = stand_in(sandbox, ESPNET_TRAIN)
+    sandbox.script(NEMO)
+    command = [arg.replace("{bin}", str(Path(PY).parent)) for arg in command]
+    target = ["espnet2.bin.asr_train", "--ngpu", "1"] if module else [NEMO]
+    result = sandbox.run([*command, *target], env={"PYTHONPATH": site})
+    assert_applied(result, "espnet2-asr-train" if module else "nemo-asr-train")
+
+
+# ---------------------------------------------------------------- launchers: one warning per job
+
+
+def ranks(stdout: str, tag: str) -> list[dict]:
+    """The JSON each rank printed after ``tag`` (ranks share stdout, so lines may run together)."""
+    decoder = json.JSONDecoder()
+    found = []
+    for part in stdout.split(f"{tag} ")[1:]:
+        found.append(decoder.raw_decode(part)[0])
+    return found
+
+
+MERGED = f"max_split_size_mb:256,{ES}"
+
+
+@pytest.mark.slow
+def test_accelerate_launch_every_rank_one_warning(sandbox: Sandbox) -> None:
+    pytest.importorskip("accelerate")
+    sandbox.write("wenet/wenet/bin/train.py", RANK_PROBE)
+    # --multi_gpu starts torch.distributed workers (gloo here); the launcher imports torch, decides
+    # for the script it launches, and the ranks inherit that one decision
+    result = sandbox.run(
+        [
+            str(Path(PY).with_name("accelerate")),
+            "launch",
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--main_process_port",
+            "0",
+            "wenet/bin/train.py",
+            "--config",
+            "conf/train.yaml",
+        ],
+        python="",
+        cwd=sandbox.work / "wenet",
+        env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"},
+    )
+    assert result.returncode == 0, result.stderr
+    (seen,) = ranks(result.stdout, "RANKS")
+    assert [(r["rank"], r["getter"], r["env"], r["applied"]) for r in seen] == [
+        (rank, MERGED, MERGED, f"wenet-train;{MERGED}") for rank in (0, 1)
+    ]
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert "max_split_size_mb" in warning
+
+
+@pytest.mark.slow
+def test_accelerate_launch_cpu_child_inherits(sandbox: Sandbox) -> None:
+    pytest.importorskip("accelerate")
+    # `--cpu` starts one child process (accelerate's simple launcher), whatever --num_processes says
+    sandbox.script(NEMO)
+    result = sandbox.run(
+        [str(Path(PY).with_name("accelerate")), "launch", "--cpu", "--num_processes", "2", NEMO],
+        python="",
+        env={"AUTOALLOC_DEBUG": "1"},
+    )
+    assert_applied(result, "nemo-asr-train")
+    assert (
+        "command accelerate runs another program: deciding for accelerate -> script"
+        in result.stderr
+    )
+    assert "inherited rule nemo-asr-train" in result.stderr
+
+
+LIGHTNING = """
+import json, os, sys
+import torch
+import pytorch_lightning as pl
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Tiny(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, index):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def main():
+    data = DataLoader(TensorDataset(torch.randn(8, 2), torch.randn(8, 1)), batch_size=2)
+    trainer = pl.Trainer(accelerator="cpu", strategy="ddp", devices=2, max_steps=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(Tiny(), data)
+    print("LIGHTNING " + json.dumps({
+        "rank": trainer.global_rank, "getter": torch._C._accelerator_getAllocatorSettings(),
+        "env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+        "applied": os.environ.get("AUTOALLOC_APPLIED"),
+        "argv": sys.orig_argv[1:],
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+@pytest.mark.slow
+def test_lightning_ddp_relaunch_every_rank_one_warning(sandbox: Sandbox) -> None:
+    pytest.importorskip("pytorch_lightning")
+    # Lightning's DDP launcher re-runs `python /abs/script.py ARGS` for ranks 1..n-1, with the
+    # parent's environment
+    sandbox.write(NEMO, LIGHTNING)
+    result = sandbox.run(
+        [NEMO, "trainer.devices=2"], env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"}
+    )
+    assert result.returncode == 0, result.stderr
+    seen = sorted(ranks(result.stdout, "LIGHTNING"), key=lambda r: r["rank"])
+    assert [(r["rank"], r["getter"], r["env"], r["applied"]) for r in seen] == [
+        (rank, MERGED, MERGED, f"nemo-asr-train;{MERGED}") for rank in (0, 1)
+    ]
+    assert seen[1]["argv"] == [str(sandbox.work / NEMO), "trainer.devices=2"]  # the re-launch form
+    assert len(autoalloc_warnings(result.stderr)) == 1
+
+
+def test_srun_ranks_decide_alike_and_only_rank_0_warns(sandbox: Sandbox) -> None:
+    # `srun python train.py`: every task is started on its own, with its own SLURM_* variables
+    sandbox.script(NEMO)
+    results = [
+        sandbox.run(
+            [NEMO],
+            env={
+                "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank % 2),
+                "SLURM_NTASKS": "3",
+                "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256",
+            },
+        )
+        for rank in range(3)
+    ]
+    for result in results:
+        assert_applied(result, "nemo-asr-train", MERGED)
+    assert [len(autoalloc_warnings(r.stderr)) for r in results] == [1, 0, 0]
+
+
+@pytest.mark.parametrize("variable", ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+def test_other_global_ranks_stay_silent(sandbox: Sandbox, variable: str) -> None:
+    sandbox.script(NEMO)
+    result = sandbox.run(
+        [NEMO],
+        env={
+            variable: "1",
+            "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256",
+            "AUTOALLOC_DEBUG": "1",
+        },
+    )
+    assert_applied(result, "nemo-asr-train", MERGED)
+    assert autoalloc_warnings(result.stderr) == []
+    assert "rank 1, not warning (rank 0 does)" in result.stderr
+
+
+# ---------------------------------------------------------------- Ray: default_worker.py
+
+RAY_DRIVER = """
+import json, sys
+if sys.argv[1] == "torch-first":
+    import torch
+import ray
+import asr_task
+
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+runtime_env = {"env_vars": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}}
+seen = {
+    "plain": ray.get(asr_task.plain.remote()),
+    "runtime_env": ray.get(asr_task.plain.options(runtime_env=runtime_env).remote()),
+    "imports_rule": ray.get(asr_task.in_module.remote()),
+}
+print("RAY " + json.dumps(seen), flush=True)
+ray.shutdown()
+"""
+
+RAY_TASKS = """
+import os, sys
+import ray
+
+
+def report():
+    import torch
+    return {"worker": os.path.basename(sys.orig_argv[1]),
+            "getter": torch._C._accelerator_getAllocatorSettings(),
+            "applied": os.environ.get("AUTOALLOC_APPLIED")}
+
+
+@ray.remote(max_calls=1)  # a fresh worker process per task
+def plain():
+    return report()
+
+
+@ray.remote(max_calls=1)
+def in_module():
+    import asr_task_steps  # what the user's `imports` rule names
+    return asr_task_steps.report()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["torch-first", "ray-first"])
+def test_ray_workers(sandbox: Sandbox, order: str) -> None:
+    pytest.importorskip("ray")
+    site = stand_in(
+        sandbox, {"asr_task.py": RAY_TASKS, "asr_task_steps.py": "import torch\n" + RAY_TASKS}
+    )
+    sandbox.write(NEMO, RAY_DRIVER)
+    sandbox.user_policy('[[rules]]\nname = "ray-asr-steps"\nimports = ["asr_task_steps"]\n')
+    result = sandbox.run([NEMO, order], env={"PYTHONPATH": site}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    (seen,) = ranks(result.stdout, "RAY")
+    assert {task["worker"] for task in seen.values()} == {"default_worker.py"}
+    if (
+        order == "torch-first"
+    ):  # the driver decided before it started the local cluster: workers inherit it
+        assert {k: (v["getter"], v["applied"]) for k, v in seen.items()} == dict.fromkeys(
+            seen, (ES, f"nemo-asr-train;{ES}")
+        )
+    else:  # ray.init() first (or `ray start`): a worker is default_worker.py, no rule matches it
+        assert (seen["plain"]["getter"], seen["plain"]["applied"]) == ("", None)
+        assert (seen["runtime_env"]["getter"], seen["runtime_env"]["applied"]) == (ES, None)
+        assert (seen["imports_rule"]["getter"], seen["imports_rule"]["applied"]) == (
+            ES,
+            f"ray-asr-steps;{ES}",
+        )
