@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
+from autoalloc import _startup
+from autoalloc.explain import explain
 from tests.conftest import (
+    ES,
+    NEMO,
     PROBE,
     Sandbox,
     assert_applied,
@@ -16,11 +21,6 @@ from tests.conftest import (
     autoalloc_warnings,
     probe_result,
 )
-
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
-ES = "expandable_segments:True"
-
-
 
 
 def test_builtin_rule_by_script_path(sandbox: Sandbox, torch_python: str) -> None:
@@ -63,32 +63,71 @@ def test_non_matching_process_is_untouched_and_silent(sandbox: Sandbox, torch_py
     assert result.stderr == ""
 
 
+def armed() -> bool:
+    return any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path)
+
+
+@pytest.mark.hook
+@pytest.mark.parametrize(("value", "off"), [("1", True), ("true", True), ("YES", True), (" on ", True),
+                                            ("0", False), ("", False), ("no", False)])
+def test_disable_spellings_arm_no_watcher(monkeypatch: pytest.MonkeyPatch, value: str, off: bool) -> None:
+    """What the startup hook does with each spelling (one real interpreter below proves the wiring)."""
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not getattr(f, "autoalloc_watcher", False)])
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # loaded torch also means "arm nothing"
+    monkeypatch.delenv("AUTOALLOC_ORIGINAL", raising=False)
+    monkeypatch.setenv("AUTOALLOC_DISABLE", value)
+    _startup.main()
+    assert armed() is not off
+
+
 def test_disable_env_and_enabled_false(sandbox: Sandbox) -> None:
     sandbox.script(NEMO)
-    for value in ("1", "true", "YES", "on"):
-        assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": value}))
+    assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": "YES"}))
     sandbox.write("NeMo/autoalloc.toml", "enabled = false\n")
     result = sandbox.run([NEMO])
     assert_untouched(result)
     assert result.stderr == ""
 
 
-def test_each_layer_wins_over_the_one_below(sandbox: Sandbox) -> None:
-    sandbox.script("train_asr.py")
-    rule = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
-    sandbox.site_policy(rule + "[allocator]\ngarbage_collection_threshold = 0.1\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.1")
-    sandbox.user_policy("[allocator]\ngarbage_collection_threshold = 0.2\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.2")
-    sandbox.write("autoalloc.toml", "[allocator]\ngarbage_collection_threshold = 0.3\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.3")
-    env_file = sandbox.write(sandbox.root / "env.toml", "[allocator]\ngarbage_collection_threshold = 0.4\n", base=Path("/"))
-    assert_applied(
-        sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}), expected=f"{ES},garbage_collection_threshold:0.4"
-    )
+LAYER_RULE = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
+
+
+def gc_threshold(value: float) -> str:
+    return f"[allocator]\ngarbage_collection_threshold = {value}\n"
+
+
+def test_each_layer_wins_over_the_one_below(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision in process, one layer added at a time (the hook's own run: the test below)."""
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):  # platformdirs reads os.environ
+        monkeypatch.setenv(name, sandbox.env[name])
+    script = sandbox.script("train_asr.py")
+
+    def decided(env: dict[str, str] | None = None) -> dict:
+        report = explain(["python", str(script)], env={**sandbox.env, **(env or {})}, cwd=str(sandbox.work))
+        return report["decision"]
+
+    sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.1"
+    sandbox.user_policy(gc_threshold(0.2))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.2"
+    sandbox.write("autoalloc.toml", gc_threshold(0.3))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.3"
+    env_file = sandbox.write(sandbox.root / "env.toml", gc_threshold(0.4), base=Path("/"))
+    env = {"AUTOALLOC_CONFIG": str(env_file)}
+    assert decided(env)["value"] == f"{ES},garbage_collection_threshold:0.4"
     # rules too: a higher layer's skip beats the lower layer's apply
     env_file.write_text('[[rules]]\nname = "no"\nscripts = ["train_asr.py"]\naction = "skip"\n')
-    assert_untouched(sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}))
+    assert decided(env)["action"] == "skip"
+
+
+def test_every_layer_present_the_environment_file_wins(sandbox: Sandbox) -> None:
+    sandbox.script("train_asr.py")
+    sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
+    sandbox.user_policy(gc_threshold(0.2))
+    sandbox.write("autoalloc.toml", gc_threshold(0.3))
+    env_file = sandbox.write(sandbox.root / "env.toml", gc_threshold(0.4), base=Path("/"))
+    result = sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)})
+    assert_applied(result, "asr", expected=f"{ES},garbage_collection_threshold:0.4")
 
 
 def test_existing_options_are_merged(sandbox: Sandbox, torch_python: str) -> None:
