@@ -68,12 +68,17 @@ def armed() -> bool:
 
 
 @pytest.mark.hook
-@pytest.mark.parametrize(("value", "off"), [("1", True), ("true", True), ("YES", True), (" on ", True),
-                                            ("0", False), ("", False), ("no", False)])
-def test_disable_spellings_arm_no_watcher(monkeypatch: pytest.MonkeyPatch, value: str, off: bool) -> None:
-    """What the startup hook does with each spelling (one real interpreter below proves the wiring)."""
-    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not getattr(f, "autoalloc_watcher", False)])
-    monkeypatch.delitem(sys.modules, "torch", raising=False)  # loaded torch also means "arm nothing"
+@pytest.mark.parametrize(
+    ("value", "off"),
+    [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False), ("", False), ("no", False)],
+)
+def test_disable_spellings_arm_no_watcher(
+    monkeypatch: pytest.MonkeyPatch, value: str, off: bool
+) -> None:
+    """What the startup hook does with each spelling (one interpreter below proves the wiring)."""
+    others = [f for f in sys.meta_path if not getattr(f, "autoalloc_watcher", False)]
+    monkeypatch.setattr(sys, "meta_path", others)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # a loaded torch: nothing armed either
     monkeypatch.delenv("AUTOALLOC_ORIGINAL", raising=False)
     monkeypatch.setenv("AUTOALLOC_DISABLE", value)
     _startup.main()
@@ -96,15 +101,17 @@ def gc_threshold(value: float) -> str:
     return f"[allocator]\ngarbage_collection_threshold = {value}\n"
 
 
-def test_each_layer_wins_over_the_one_below(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_layer_wins_over_the_one_below(
+    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The decision in process, one layer added at a time (the hook's own run: the test below)."""
     for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):  # platformdirs reads os.environ
         monkeypatch.setenv(name, sandbox.env[name])
     script = sandbox.script("train_asr.py")
 
     def decided(env: dict[str, str] | None = None) -> dict:
-        report = explain(["python", str(script)], env={**sandbox.env, **(env or {})}, cwd=str(sandbox.work))
-        return report["decision"]
+        full_env = {**sandbox.env, **(env or {})}
+        return explain(["python", str(script)], env=full_env, cwd=str(sandbox.work))["decision"]
 
     sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
     assert decided()["value"] == f"{ES},garbage_collection_threshold:0.1"

@@ -52,7 +52,7 @@ _SET = getattr(_SET, "__wrapped__", _SET)  # torch's own, not autoalloc's guard
 
 
 def sample_size(variable: str, full: bool, quick: int, large: int) -> int:
-    """How many cases: the variable if set, else the large count with --full, the quick one otherwise."""
+    """The variable if set, else the large count with --full and the quick one without."""
     return int(os.environ.get(variable) or (large if full else quick))
 
 
@@ -551,7 +551,9 @@ FUZZ_SCRIPT = textwrap.dedent(
 )
 
 
-def test_fuzz_through_real_interpreters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full: bool) -> None:
+def test_fuzz_through_real_interpreters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, full: bool
+) -> None:
     collected: list[Case] = []
     n = subprocess_cases(full)
 

@@ -35,13 +35,19 @@ CORPUS = [
     pytest.param(["-m", "json.tool", "small.json"], None, id="m-json.tool", marks=SLOW),
     pytest.param(["-m", "pip", "--version"], None, id="m-pip-version"),
     pytest.param(
-        ["-i"], "import torch\n1 + 1\nprint('repl', torch.ones(2).sum().item())\n", id="repl-from-stdin",
+        ["-i"],
+        "import torch\n1 + 1\nprint('repl', torch.ones(2).sum().item())\n",
+        id="repl-from-stdin",
         marks=SLOW,
     ),
-    pytest.param([], "import sys\nprint('stdin script', sys.argv)\n", id="script-from-stdin", marks=SLOW),
+    pytest.param(
+        [], "import sys\nprint('stdin script', sys.argv)\n", id="script-from-stdin", marks=SLOW
+    ),
     pytest.param(["tools/plain_tool.py", "--flag"], None, id="script-importing-torch", marks=SLOW),
     pytest.param(
-        ["-c", "import warnings; warnings.warn('theirs'); raise SystemExit(3)"], None, id="c-warns-exit-3",
+        ["-c", "import warnings; warnings.warn('theirs'); raise SystemExit(3)"],
+        None,
+        id="c-warns-exit-3",
         marks=SLOW,
     ),
 ]
