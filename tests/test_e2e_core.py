@@ -70,7 +70,10 @@ def armed() -> bool:
 @pytest.mark.hook
 @pytest.mark.parametrize(
     ("value", "off"),
-    [("1", True), ("true", True), ("YES", True), (" on ", True), ("0", False), ("", False), ("no", False)],
+    [
+        *[("1", True), ("true", True), ("YES", True), (" on ", True)],
+        *[("0", False), ("", False), ("no", False)],
+    ],
 )
 def test_disable_spellings_arm_no_watcher(
     monkeypatch: pytest.MonkeyPatch, value: str, off: bool
