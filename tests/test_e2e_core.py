@@ -99,17 +99,27 @@ def gc_threshold(value: float) -> str:
     return f"[allocator]\ngarbage_collection_threshold = {value}\n"
 
 
-def test_each_layer_wins_over_the_one_below(
-    sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The decision in process, one layer added at a time (the hook's own run: the test below)."""
-    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):  # platformdirs reads os.environ
+@pytest.fixture
+def in_process(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
+    """The sandbox, with this process's HOME and XDG variables (platformdirs reads os.environ)."""
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):
         monkeypatch.setenv(name, sandbox.env[name])
+    return sandbox
+
+
+def decision(sandbox: Sandbox, script: Path, env: dict[str, str] | None = None) -> dict:
+    """What the hook would decide for ``python script``, computed in process."""
+    full_env = {**sandbox.env, **(env or {})}
+    return explain(["python", str(script)], env=full_env, cwd=str(sandbox.work))["decision"]
+
+
+def test_each_layer_wins_over_the_one_below(in_process: Sandbox) -> None:
+    """The decision in process, one layer added at a time (the hook's own run: the test below)."""
+    sandbox = in_process
     script = sandbox.script("train_asr.py")
 
     def decided(env: dict[str, str] | None = None) -> dict:
-        full_env = {**sandbox.env, **(env or {})}
-        return explain(["python", str(script)], env=full_env, cwd=str(sandbox.work))["decision"]
+        return decision(sandbox, script, env)
 
     sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
     assert decided()["value"] == f"{ES},garbage_collection_threshold:0.1"
@@ -233,16 +243,26 @@ def test_children_inherit_without_a_second_warning(sandbox: Sandbox) -> None:
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [
-        ("enabled = [unclosed\n", "not valid TOML"),
-        ("enabled = 'yes'\n", "enabled must be true or false"),
-        ("surprise = 1\n", "unknown key 'surprise'"),
-        ("[allocator]\nexpandable_segments = 'True'\n", "allocator.expandable_segments"),
-    ],
-)
-def test_bad_policy_costs_one_warning(sandbox: Sandbox, text: str, fragment: str) -> None:
+BAD_POLICIES = [
+    ("enabled = [unclosed\n", "not valid TOML"),
+    ("enabled = 'yes'\n", "enabled must be true or false"),
+    ("surprise = 1\n", "unknown key 'surprise'"),
+    ("[allocator]\nexpandable_segments = 'True'\n", "allocator.expandable_segments"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment"), BAD_POLICIES)
+def test_bad_policy_is_skipped_with_one_warning(in_process: Sandbox, text: str, fragment: str) -> None:
+    """In process, each kind of bad file (one real interpreter below)."""
+    bad = in_process.write("NeMo/autoalloc.toml", text)
+    decided = decision(in_process, in_process.script(NEMO))
+    assert (decided["action"], decided["rule"], decided["value"]) == ("apply", "nemo-asr-train", ES)
+    (warning,) = decided["warnings"]
+    assert str(bad) in warning and fragment in warning
+
+
+def test_bad_policy_costs_one_warning(sandbox: Sandbox) -> None:
+    text, fragment = BAD_POLICIES[0]
     bad = sandbox.write("NeMo/autoalloc.toml", text)
     sandbox.write(NEMO, PROBE + "raise SystemExit(3)\n")
     result = sandbox.run([NEMO])
