@@ -114,7 +114,17 @@ def unreadable(path: Path, kind: str) -> None:
         raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["directory", "symlink-loop", "fifo", "sparse-100MB"])
+# A FIFO (the one that could hang) in the quick run; how each kind is refused is also checked
+# in process (test_policy, the two hook tests below).
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("directory", marks=pytest.mark.slow),
+        pytest.param("symlink-loop", marks=pytest.mark.slow),
+        "fifo",
+        pytest.param("sparse-100MB", marks=pytest.mark.slow),
+    ],
+)
 def test_unreadable_policy_files_in_every_layer(sandbox: Sandbox, kind: str) -> None:
     """Site, user, project and AUTOALLOC_CONFIG files of this kind: one warning each, the process runs on."""
     nemo, plain = scripts(sandbox)
