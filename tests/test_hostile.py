@@ -79,8 +79,13 @@ def test_deleted_working_directory(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     "home",
-    [pytest.param(None, id="unset"), pytest.param("/nonexistent/home", id="nowhere"), pytest.param("/etc/hostname", id="a-file"),
-     pytest.param("", id="empty")],
+    # Unset in the quick run (in process: test_untrusted's no-home test); the rest with --full.
+    [
+        pytest.param(None, id="unset"),
+        pytest.param("/nonexistent/home", id="nowhere", marks=pytest.mark.slow),
+        pytest.param("/etc/hostname", id="a-file", marks=pytest.mark.slow),
+        pytest.param("", id="empty", marks=pytest.mark.slow),
+    ],
 )
 def test_home_unset_or_bogus(sandbox: Sandbox, home: str | None) -> None:
     nemo, plain = scripts(sandbox)
@@ -265,10 +270,18 @@ def test_closed_standard_streams(sandbox: Sandbox) -> None:
 # -- sys.argv and embedding ---------------------------------------------------------------------
 
 
+# Each odd value is classified in process (test_command_line_survives_odd_sys_values below);
+# through an interpreter, a missing and a None argv in the quick run, all with --full.
 @pytest.mark.parametrize(
     "mangle",
-    ["del sys.argv", "sys.argv = None", "sys.argv = [None, 3, b'x']", "sys.argv = 'train.py'", "sys.argv = []",
-     "del sys.orig_argv; del sys.argv"],
+    [
+        "del sys.argv",
+        "sys.argv = None",
+        pytest.param("sys.argv = [None, 3, b'x']", marks=pytest.mark.slow),
+        pytest.param("sys.argv = 'train.py'", marks=pytest.mark.slow),
+        pytest.param("sys.argv = []", marks=pytest.mark.slow),
+        pytest.param("del sys.orig_argv; del sys.argv", marks=pytest.mark.slow),
+    ],
 )
 def test_missing_or_odd_argv(sandbox: Sandbox, mangle: str) -> None:
     """What a program (or an embedding application) does to ``sys.argv`` before ``import torch``."""
