@@ -11,7 +11,8 @@ if [ ! -x "$VENV/bin/python" ]; then
     echo "creating $VENV ..."
     "$PYTHON" -m venv "$VENV"
 fi
-if ! "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0')" 2>/dev/null; then
+has_torch="import torch; assert torch.__version__.startswith('2.13.0')"
+if ! "$VENV/bin/python" -c "$has_torch" 2>/dev/null; then
     echo "installing torch 2.13 (CPU) into $VENV ..."
     quiet_pip "$VENV/bin/python" -m pip install -q torch==2.13.0 numpy
 fi

@@ -24,7 +24,8 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
         echo "installing autoalloc, pytest and hypothesis into $venv ..."
-        "$venv/bin/python" -m pip install -q -e . pytest hypothesis 2>&1 | grep -v -e '^WARNING: Location' || true
+        "$venv/bin/python" -m pip install -q -e . pytest hypothesis 2>&1 \
+            | grep -v -e '^WARNING: Location' || true
         echo "$want" > "$stamp"
     fi
     echo "== hook tests on $("$venv/bin/python" --version)"

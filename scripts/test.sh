@@ -38,13 +38,17 @@ ensure_venv() {
 }
 
 ensure_venv "$VENV" "torch 2.13 (CPU) and autoalloc with the test extra" -e ".[test]"
-"$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+torch_is() {  # VENV VERSION
+    "$1/bin/python" -c "import torch; assert torch.__version__.startswith('$2'), torch.__version__"
+}
+torch_is "$VENV" 2.13.0
 
 PYTEST_ARGS=()
 if [ "$FULL" = 1 ]; then
     CUDA_VENV=${AUTOALLOC_CUDA_VENV:-.venv-test-cuda}
-    ensure_venv "$CUDA_VENV" "torch 2.14.1 (CUDA build, ~5.5 GB) and autoalloc" torch==2.14.1 numpy -e .
-    "$CUDA_VENV/bin/python" -c "import torch; assert torch.__version__.startswith('2.14.1'), torch.__version__"
+    ensure_venv "$CUDA_VENV" "torch 2.14.1 (CUDA build, ~5.5 GB) and autoalloc" \
+        torch==2.14.1 numpy -e .
+    torch_is "$CUDA_VENV" 2.14.1
     export AUTOALLOC_TORCH_CUDA_PYTHON="$PWD/$CUDA_VENV/bin/python"
     PYTHON_TESTED=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     bash scripts/pythons.sh --skip "$PYTHON_TESTED"
@@ -54,4 +58,5 @@ fi
 echo "ruff ..."
 "$VENV/bin/ruff" check autoalloc tests benchmarks
 echo "pytest on $("$VENV/bin/python" --version) ..."
-"$VENV/bin/python" -m pytest -n "${AUTOALLOC_TEST_WORKERS:-auto}" ${PYTEST_ARGS[@]+"${PYTEST_ARGS[@]}"} "$@"
+"$VENV/bin/python" -m pytest -n "${AUTOALLOC_TEST_WORKERS:-auto}" \
+    ${PYTEST_ARGS[@]+"${PYTEST_ARGS[@]}"} "$@"

@@ -252,7 +252,9 @@ BAD_POLICIES = [
 
 
 @pytest.mark.parametrize(("text", "fragment"), BAD_POLICIES)
-def test_bad_policy_is_skipped_with_one_warning(in_process: Sandbox, text: str, fragment: str) -> None:
+def test_bad_policy_is_skipped_with_one_warning(
+    in_process: Sandbox, text: str, fragment: str
+) -> None:
     """In process, each kind of bad file (one real interpreter below)."""
     bad = in_process.write("NeMo/autoalloc.toml", text)
     decided = decision(in_process, in_process.script(NEMO))

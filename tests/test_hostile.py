@@ -378,7 +378,7 @@ def _runs(exe: str | None) -> bool:
 
 
 def find_python(minor: int) -> str | None:
-    """CPython 3.<minor>: pyenv's versions first (its shims fail without a selected version), then PATH."""
+    """CPython 3.<minor>: pyenv's first (its shims fail unless a version is selected), then PATH."""
     if minor == sys.version_info.minor:
         return sys.executable
     pyenv = Path(os.path.expanduser("~/.pyenv/versions"))
@@ -396,7 +396,7 @@ def _minors() -> list:
 
 @pytest.mark.parametrize("minor", _minors())
 def test_pth_left_behind_after_uninstall(tmp_path: Path, minor: int) -> None:
-    """The package removed, its ``.pth`` still in site-packages: every start prints nothing, exits 0."""
+    """The package gone, its ``.pth`` left in site-packages: every start prints nothing, exits 0."""
     python = find_python(minor)
     if python is None:
         pytest.skip(f"python3.{minor} is not installed")
