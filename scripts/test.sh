@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Run autoalloc's tests from nothing: a venv with torch 2.13 (CPU), autoalloc installed
-# with its startup hook and the test extra, then ruff and pytest.
-#   scripts/test.sh            the suite on torch 2.13 CPU (a few minutes)
-#   scripts/test.sh --full     as CI: also torch 2.14.1 (CUDA build, ~5.5 GB from the local
-#                              wheel cache) and the hook tests on every Python 3.9-3.13 found
-# Extra arguments go to pytest.
+# Run autoalloc's tests: a venv with torch 2.13 (CPU), autoalloc installed editable with its
+# startup hook and the test extra, then ruff and pytest.
+#   scripts/test.sh            the quick suite on torch 2.13 CPU (a few minutes on 2 cores)
+#   scripts/test.sh --full     as CI: also the tests marked slow and the large samples (10,000
+#                              fuzz cases, 100 fuzzed interpreters), torch 2.14.1 (CUDA build,
+#                              ~5.5 GB) and the hook tests on every other Python 3.9-3.13 found
+# Extra arguments go to pytest. A venv is reinstalled only when pyproject.toml or the hook
+# files changed since its last install (autoalloc itself is editable); delete it to start over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FULL=0
@@ -14,17 +16,47 @@ VENV=${AUTOALLOC_TEST_VENV:-.venv-test}
 
 quiet_pip() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^$' || true; }
 
-[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-quiet_pip "$VENV/bin/python" -m pip install -q -e ".[test]"
-"$VENV/bin/python" -c "import torch, sys; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+# ensure_venv VENV WHAT PIP-ARGS...: create VENV if needed and install PIP-ARGS into it, unless
+# it was installed from these very project files with these very arguments.
+ensure_venv() {
+    local venv=$1 what=$2
+    shift 2
+    local stamp="$venv/.autoalloc-installed"
+    local want
+    want="$(cat pyproject.toml autoalloc.pth autoalloc.start | sha256sum | cut -d' ' -f1) $*"
+    if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+        echo "using $venv ($what, up to date)"
+        return
+    fi
+    if [ ! -x "$venv/bin/python" ]; then
+        echo "creating $venv ..."
+        "$PYTHON" -m venv "$venv"
+    fi
+    echo "installing $what into $venv ..."
+    quiet_pip "$venv/bin/python" -m pip install -q "$@"
+    echo "$want" > "$stamp"
+}
 
+ensure_venv "$VENV" "torch 2.13 (CPU) and autoalloc with the test extra" -e ".[test]"
+torch_is() {  # VENV VERSION
+    "$1/bin/python" -c "import torch; assert torch.__version__.startswith('$2'), torch.__version__"
+}
+torch_is "$VENV" 2.13.0
+
+PYTEST_ARGS=()
 if [ "$FULL" = 1 ]; then
     CUDA_VENV=${AUTOALLOC_CUDA_VENV:-.venv-test-cuda}
-    [ -x "$CUDA_VENV/bin/python" ] || "$PYTHON" -m venv "$CUDA_VENV"
-    quiet_pip "$CUDA_VENV/bin/python" -m pip install -q torch==2.14.1 numpy -e .
+    ensure_venv "$CUDA_VENV" "torch 2.14.1 (CUDA build, ~5.5 GB) and autoalloc" \
+        torch==2.14.1 numpy -e .
+    torch_is "$CUDA_VENV" 2.14.1
     export AUTOALLOC_TORCH_CUDA_PYTHON="$PWD/$CUDA_VENV/bin/python"
-    bash scripts/pythons.sh
+    PYTHON_TESTED=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    bash scripts/pythons.sh --skip "$PYTHON_TESTED"
+    PYTEST_ARGS+=(--full)
 fi
 
+echo "ruff ..."
 "$VENV/bin/ruff" check autoalloc tests benchmarks
-"$VENV/bin/python" -m pytest -n "${AUTOALLOC_TEST_WORKERS:-auto}" "$@"
+echo "pytest on $("$VENV/bin/python" --version) ..."
+"$VENV/bin/python" -m pytest -n "${AUTOALLOC_TEST_WORKERS:-auto}" \
+    ${PYTEST_ARGS[@]+"${PYTEST_ARGS[@]}"} "$@"

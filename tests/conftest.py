@@ -55,6 +55,8 @@ def probe_result(stdout: str) -> dict:
 
 
 ES = "expandable_segments:True"
+# Laid out like NeMo's CTC trainer: the built-in rule nemo-asr-train matches it.
+NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 
 
 def assert_applied(result: subprocess.CompletedProcess[str], rule: str | None = None, expected: str = ES) -> dict:
@@ -167,6 +169,30 @@ def clean_env(root: Path) -> dict[str, str]:
         TORCH_CPP_LOG_LEVEL="ERROR",
     )
     return env
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--full",
+        action="store_true",
+        help="also run the tests marked slow and the large sample sizes (what CI runs)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without --full (or a -m naming slow), tests marked slow are deselected."""
+    if config.getoption("--full") or "slow" in (config.getoption("markexpr") or ""):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(scope="session")
+def full(pytestconfig: pytest.Config) -> bool:
+    """Whether this is the full run (--full): large samples instead of quick ones."""
+    return bool(pytestconfig.getoption("--full"))
 
 
 @pytest.fixture

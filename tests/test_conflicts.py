@@ -18,10 +18,9 @@ from autoalloc.decide import APPLIED_VAR, ORIGINAL_VAR, Decision, decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.policy import Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import CUDA_PY, PROBE, Sandbox, autoalloc_warnings, probe_result
+from tests.conftest import CUDA_PY, ES, PROBE, Sandbox, autoalloc_warnings, probe_result
 
 CUDA, HIP, ALLOC = allocconf.CUDA_VAR, allocconf.HIP_VAR, allocconf.ALLOC_VAR
-ES = "expandable_segments:True"
 TRAIN = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
 
 T20 = TorchInfo("2.0.1+cu118", cuda="11.8")

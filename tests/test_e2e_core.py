@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 import pytest
 
+from autoalloc import _startup
+from autoalloc.explain import explain
 from tests.conftest import (
+    ES,
+    NEMO,
     PROBE,
     Sandbox,
     assert_applied,
@@ -16,11 +21,6 @@ from tests.conftest import (
     autoalloc_warnings,
     probe_result,
 )
-
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
-ES = "expandable_segments:True"
-
-
 
 
 def test_builtin_rule_by_script_path(sandbox: Sandbox, torch_python: str) -> None:
@@ -63,32 +63,86 @@ def test_non_matching_process_is_untouched_and_silent(sandbox: Sandbox, torch_py
     assert result.stderr == ""
 
 
+def armed() -> bool:
+    return any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path)
+
+
+DISABLE_SPELLINGS = ("1", "true", "YES", " on ")
+
+
+@pytest.mark.hook
+@pytest.mark.parametrize("value", [*DISABLE_SPELLINGS, "0", "", "no"])
+def test_disable_spellings_arm_no_watcher(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """What the startup hook does with each spelling (one interpreter below proves the wiring)."""
+    others = [f for f in sys.meta_path if not getattr(f, "autoalloc_watcher", False)]
+    monkeypatch.setattr(sys, "meta_path", others)
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # a loaded torch: nothing armed either
+    monkeypatch.delenv("AUTOALLOC_ORIGINAL", raising=False)
+    monkeypatch.setenv("AUTOALLOC_DISABLE", value)
+    _startup.main()
+    assert armed() is (value not in DISABLE_SPELLINGS)
+
+
 def test_disable_env_and_enabled_false(sandbox: Sandbox) -> None:
     sandbox.script(NEMO)
-    for value in ("1", "true", "YES", "on"):
-        assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": value}))
+    assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": "YES"}))
     sandbox.write("NeMo/autoalloc.toml", "enabled = false\n")
     result = sandbox.run([NEMO])
     assert_untouched(result)
     assert result.stderr == ""
 
 
-def test_each_layer_wins_over_the_one_below(sandbox: Sandbox) -> None:
-    sandbox.script("train_asr.py")
-    rule = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
-    sandbox.site_policy(rule + "[allocator]\ngarbage_collection_threshold = 0.1\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.1")
-    sandbox.user_policy("[allocator]\ngarbage_collection_threshold = 0.2\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.2")
-    sandbox.write("autoalloc.toml", "[allocator]\ngarbage_collection_threshold = 0.3\n")
-    assert_applied(sandbox.run(["train_asr.py"]), expected=f"{ES},garbage_collection_threshold:0.3")
-    env_file = sandbox.write(sandbox.root / "env.toml", "[allocator]\ngarbage_collection_threshold = 0.4\n", base=Path("/"))
-    assert_applied(
-        sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}), expected=f"{ES},garbage_collection_threshold:0.4"
-    )
+LAYER_RULE = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
+
+
+def gc_threshold(value: float) -> str:
+    return f"[allocator]\ngarbage_collection_threshold = {value}\n"
+
+
+@pytest.fixture
+def in_process(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> Sandbox:
+    """The sandbox, with this process's HOME and XDG variables (platformdirs reads os.environ)."""
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS"):
+        monkeypatch.setenv(name, sandbox.env[name])
+    return sandbox
+
+
+def decision(sandbox: Sandbox, script: Path, env: dict[str, str] | None = None) -> dict:
+    """What the hook would decide for ``python script``, computed in process."""
+    full_env = {**sandbox.env, **(env or {})}
+    return explain(["python", str(script)], env=full_env, cwd=str(sandbox.work))["decision"]
+
+
+def test_each_layer_wins_over_the_one_below(in_process: Sandbox) -> None:
+    """The decision in process, one layer added at a time (the hook's own run: the test below)."""
+    sandbox = in_process
+    script = sandbox.script("train_asr.py")
+
+    def decided(env: dict[str, str] | None = None) -> dict:
+        return decision(sandbox, script, env)
+
+    sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.1"
+    sandbox.user_policy(gc_threshold(0.2))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.2"
+    sandbox.write("autoalloc.toml", gc_threshold(0.3))
+    assert decided()["value"] == f"{ES},garbage_collection_threshold:0.3"
+    env_file = sandbox.write(sandbox.root / "env.toml", gc_threshold(0.4), base=Path("/"))
+    env = {"AUTOALLOC_CONFIG": str(env_file)}
+    assert decided(env)["value"] == f"{ES},garbage_collection_threshold:0.4"
     # rules too: a higher layer's skip beats the lower layer's apply
     env_file.write_text('[[rules]]\nname = "no"\nscripts = ["train_asr.py"]\naction = "skip"\n')
-    assert_untouched(sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)}))
+    assert decided(env)["action"] == "skip"
+
+
+def test_every_layer_present_the_environment_file_wins(sandbox: Sandbox) -> None:
+    sandbox.script("train_asr.py")
+    sandbox.site_policy(LAYER_RULE + gc_threshold(0.1))
+    sandbox.user_policy(gc_threshold(0.2))
+    sandbox.write("autoalloc.toml", gc_threshold(0.3))
+    env_file = sandbox.write(sandbox.root / "env.toml", gc_threshold(0.4), base=Path("/"))
+    result = sandbox.run(["train_asr.py"], env={"AUTOALLOC_CONFIG": str(env_file)})
+    assert_applied(result, "asr", expected=f"{ES},garbage_collection_threshold:0.4")
 
 
 def test_existing_options_are_merged(sandbox: Sandbox, torch_python: str) -> None:
@@ -189,16 +243,28 @@ def test_children_inherit_without_a_second_warning(sandbox: Sandbox) -> None:
     assert result.stderr == ""
 
 
-@pytest.mark.parametrize(
-    ("text", "fragment"),
-    [
-        ("enabled = [unclosed\n", "not valid TOML"),
-        ("enabled = 'yes'\n", "enabled must be true or false"),
-        ("surprise = 1\n", "unknown key 'surprise'"),
-        ("[allocator]\nexpandable_segments = 'True'\n", "allocator.expandable_segments"),
-    ],
-)
-def test_bad_policy_costs_one_warning(sandbox: Sandbox, text: str, fragment: str) -> None:
+BAD_POLICIES = [
+    ("enabled = [unclosed\n", "not valid TOML"),
+    ("enabled = 'yes'\n", "enabled must be true or false"),
+    ("surprise = 1\n", "unknown key 'surprise'"),
+    ("[allocator]\nexpandable_segments = 'True'\n", "allocator.expandable_segments"),
+]
+
+
+@pytest.mark.parametrize(("text", "fragment"), BAD_POLICIES)
+def test_bad_policy_is_skipped_with_one_warning(
+    in_process: Sandbox, text: str, fragment: str
+) -> None:
+    """In process, each kind of bad file (one real interpreter below)."""
+    bad = in_process.write("NeMo/autoalloc.toml", text)
+    decided = decision(in_process, in_process.script(NEMO))
+    assert (decided["action"], decided["rule"], decided["value"]) == ("apply", "nemo-asr-train", ES)
+    (warning,) = decided["warnings"]
+    assert str(bad) in warning and fragment in warning
+
+
+def test_bad_policy_costs_one_warning(sandbox: Sandbox) -> None:
+    text, fragment = BAD_POLICIES[0]
     bad = sandbox.write("NeMo/autoalloc.toml", text)
     sandbox.write(NEMO, PROBE + "raise SystemExit(3)\n")
     result = sandbox.run([NEMO])

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    ES,
+    NEMO,
     PROBE,
     PY,
     REPO,
@@ -31,9 +33,7 @@ from tests.conftest import (
     probe_result,
 )
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"  # matches the built-in nemo-asr-train rule
 PLAIN = "tools/plain_tool.py"  # matches no rule
-ES = "expandable_segments:True"
 WATCHERS = "import sys; print(sum(bool(getattr(f, 'autoalloc_watcher', False)) for f in sys.meta_path))"
 
 
@@ -79,8 +79,13 @@ def test_deleted_working_directory(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     "home",
-    [pytest.param(None, id="unset"), pytest.param("/nonexistent/home", id="nowhere"), pytest.param("/etc/hostname", id="a-file"),
-     pytest.param("", id="empty")],
+    # Unset in the quick run (in process: test_untrusted's no-home test); the rest with --full.
+    [
+        pytest.param(None, id="unset"),
+        pytest.param("/nonexistent/home", id="nowhere", marks=pytest.mark.slow),
+        pytest.param("/etc/hostname", id="a-file", marks=pytest.mark.slow),
+        pytest.param("", id="empty", marks=pytest.mark.slow),
+    ],
 )
 def test_home_unset_or_bogus(sandbox: Sandbox, home: str | None) -> None:
     nemo, plain = scripts(sandbox)
@@ -114,7 +119,17 @@ def unreadable(path: Path, kind: str) -> None:
         raise AssertionError(kind)
 
 
-@pytest.mark.parametrize("kind", ["directory", "symlink-loop", "fifo", "sparse-100MB"])
+# A FIFO (the one that could hang) in the quick run; how each kind is refused is also checked
+# in process (test_policy, the two hook tests below).
+@pytest.mark.parametrize(
+    "kind",
+    [
+        pytest.param("directory", marks=pytest.mark.slow),
+        pytest.param("symlink-loop", marks=pytest.mark.slow),
+        "fifo",
+        pytest.param("sparse-100MB", marks=pytest.mark.slow),
+    ],
+)
 def test_unreadable_policy_files_in_every_layer(sandbox: Sandbox, kind: str) -> None:
     """Site, user, project and AUTOALLOC_CONFIG files of this kind: one warning each, the process runs on."""
     nemo, plain = scripts(sandbox)
@@ -255,10 +270,18 @@ def test_closed_standard_streams(sandbox: Sandbox) -> None:
 # -- sys.argv and embedding ---------------------------------------------------------------------
 
 
+# Each odd value is classified in process (test_command_line_survives_odd_sys_values below);
+# through an interpreter, a missing and a None argv in the quick run, all with --full.
 @pytest.mark.parametrize(
     "mangle",
-    ["del sys.argv", "sys.argv = None", "sys.argv = [None, 3, b'x']", "sys.argv = 'train.py'", "sys.argv = []",
-     "del sys.orig_argv; del sys.argv"],
+    [
+        "del sys.argv",
+        "sys.argv = None",
+        pytest.param("sys.argv = [None, 3, b'x']", marks=pytest.mark.slow),
+        pytest.param("sys.argv = 'train.py'", marks=pytest.mark.slow),
+        pytest.param("sys.argv = []", marks=pytest.mark.slow),
+        pytest.param("del sys.orig_argv; del sys.argv", marks=pytest.mark.slow),
+    ],
 )
 def test_missing_or_odd_argv(sandbox: Sandbox, mangle: str) -> None:
     """What a program (or an embedding application) does to ``sys.argv`` before ``import torch``."""
@@ -354,19 +377,29 @@ def _runs(exe: str | None) -> bool:
         return False
 
 
-def _pythons() -> list:
-    """CPython 3.9-3.13: pyenv's versions first (its shims fail without a selected version), then PATH."""
-    found = []
-    for minor in range(9, 14):
-        candidates = sorted(Path(os.path.expanduser("~/.pyenv/versions")).glob(f"3.{minor}.*/bin/python3.{minor}"))
-        exe = next((str(c) for c in [*candidates[::-1], shutil.which(f"python3.{minor}")] if _runs(c and str(c))), None)
-        found.append(pytest.param(exe, id=f"3.{minor}", marks=pytest.mark.skipif(exe is None, reason="not installed")))
-    return found
+def find_python(minor: int) -> str | None:
+    """CPython 3.<minor>: pyenv's first (its shims fail unless a version is selected), then PATH."""
+    if minor == sys.version_info.minor:
+        return sys.executable
+    pyenv = Path(os.path.expanduser("~/.pyenv/versions"))
+    candidates = sorted(pyenv.glob(f"3.{minor}.*/bin/python3.{minor}"), reverse=True)
+    which = shutil.which(f"python3.{minor}")
+    return next((str(c) for c in [*candidates, which] if _runs(c and str(c))), None)
 
 
-@pytest.mark.parametrize("python", _pythons())
-def test_pth_left_behind_after_uninstall(tmp_path: Path, python: str) -> None:
-    """The package removed, its ``.pth`` still in site-packages: every start prints nothing and exits 0."""
+def _minors() -> list:
+    """3.9-3.13; the quick run keeps this interpreter's, the others run with --full."""
+    here = sys.version_info.minor
+    marks = {minor: () if minor == here else pytest.mark.slow for minor in range(9, 14)}
+    return [pytest.param(minor, id=f"3.{minor}", marks=mark) for minor, mark in marks.items()]
+
+
+@pytest.mark.parametrize("minor", _minors())
+def test_pth_left_behind_after_uninstall(tmp_path: Path, minor: int) -> None:
+    """The package gone, its ``.pth`` left in site-packages: every start prints nothing, exits 0."""
+    python = find_python(minor)
+    if python is None:
+        pytest.skip(f"python3.{minor} is not installed")
     venv = tmp_path / "venv"
     subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True)
     py = venv / "bin" / "python"

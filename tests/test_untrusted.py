@@ -17,11 +17,9 @@ import pytest
 
 from autoalloc import decide, sources
 from autoalloc.entrypoint import EntryPoint
-from tests.conftest import Sandbox, autoalloc_warnings, probe_result
+from tests.conftest import ES, NEMO, Sandbox, autoalloc_warnings, probe_result
 
 OTHER = 12345
-ES = "expandable_segments:True"
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 
 needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="chown needs root")
 
