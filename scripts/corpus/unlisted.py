@@ -1,4 +1,4 @@
-"""Regenerate tests/corpus/unlisted.json: speech toolkits' entry points the built-in rules do not name.
+"""Regenerate tests/corpus/unlisted.json: entry points of speech trees no built-in rule names.
 
 For each tree in ``TREES`` (a public repository at a recorded commit) this lists the entry
 points (files with a ``__main__`` block or a Hydra main), records how each is launched (the
