@@ -1,0 +1,190 @@
+"""``adaptive``: notice, in a running trainer, that the CUDA allocator re-allocates on most steps.
+
+The detector (``detect``) is a pure function of per-step allocator counters: the records
+``AUTOALLOC_REPORT``'s recorder keeps (``num_device_alloc``, ``num_device_free``,
+``num_alloc_retries`` deltas between optimizer steps, ``reserved``/``allocated`` bytes at the
+step boundary). ``Watch`` samples those counters at each optimizer step of a CUDA process (or
+reads the recorder's, when ``AUTOALLOC_REPORT`` is set), runs the detector, and on a finding
+calls back once: the hook then warns (``advise``) or turns the options on through the runtime
+setter and releases the cached segments (``apply``). On a CPU build nothing is registered.
+
+Thresholds (README "Adaptive"), each with its reason:
+
+- ``warmup = 20`` steps are ignored: the first steps allocate the optimizer state, cuDNN/cuBLAS
+  workspaces and the first batch of each shape, on every allocator setting.
+- ``window = 50`` steps are judged together, so a one-off event (an evaluation pass, a
+  checkpoint) is a small share of them.
+- ``malloc_share = 0.5``: the symptom is device mallocs on *most* steps after warm-up (what the
+  NeMo profile showed); a steady static-shape run reaches zero after warm-up.
+- ``retry_steps = 3``: an allocation retry (a failed cudaMalloc, the cache flushed, tried again)
+  is the expensive path; on three steps of a window it is a pattern, not one eval spike.
+- ``reserved / allocated`` is reported, never a trigger on its own: at a step boundary the cache
+  legitimately still holds the activations just freed, so the ratio is high on healthy runs too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Mode = Literal["off", "advise", "apply"]
+MODES: tuple[Mode, ...] = ("off", "advise", "apply")
+COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """When a run counts as re-allocating on most steps (see the module docstring for why)."""
+
+    warmup: int = 20
+    window: int = 50
+    malloc_share: float = 0.5
+    retry_steps: int = 3
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the detector saw in the last window of steps."""
+
+    steps: int  # steps judged
+    malloc_steps: int  # steps with at least one device malloc
+    mallocs_per_step: float
+    retry_steps: int  # steps with at least one allocation retry
+    reserved_over_allocated: float | None
+
+    def describe(self) -> str:
+        ratio = self.reserved_over_allocated
+        reserved = f", reserved/allocated {ratio:.1f}x" if ratio is not None else ""
+        return (
+            f"device mallocs on {self.malloc_steps} of the last {self.steps} optimizer steps "
+            f"({self.mallocs_per_step:.1f} per step), allocation retries on {self.retry_steps}"
+            f"{reserved}"
+        )
+
+
+def detect(
+    records: Sequence[Mapping[str, int]], limits: Thresholds = Thresholds()
+) -> Finding | None:
+    """The symptom in per-step counter deltas, or None (too few steps, or a healthy run).
+
+    ``records`` are one per optimizer step, in order, each with a ``step`` number (1 = first
+    step) and the counter deltas since the previous step.
+    """
+    after = [r for r in records if int(r.get("step", 0)) > limits.warmup]
+    if len(after) < limits.window:
+        return None
+    last = after[-limits.window :]
+    mallocs = [int(r.get("num_device_alloc", 0)) for r in last]
+    malloc_steps = sum(1 for m in mallocs if m > 0)
+    retry_steps = sum(1 for r in last if int(r.get("num_alloc_retries", 0)) > 0)
+    if malloc_steps < limits.malloc_share * len(last) and retry_steps < limits.retry_steps:
+        return None
+    return Finding(len(last), malloc_steps, sum(mallocs) / len(last), retry_steps, _ratio(last))
+
+
+def _ratio(records: Sequence[Mapping[str, int]]) -> float | None:
+    pairs = sorted(
+        int(r["reserved"]) / int(r["allocated"])
+        for r in records
+        if int(r.get("allocated", 0)) > 0 and "reserved" in r
+    )
+    return pairs[len(pairs) // 2] if pairs else None
+
+
+def advice(finding: Finding, command: Sequence[str]) -> str:
+    """The one warning of ``advise``: the figures, the command to measure, the rule to add."""
+    cmd = " ".join(command) if command else "<your command>"
+    return (
+        f"autoalloc: the CUDA allocator re-allocates on most steps ({finding.describe()}). "
+        f"expandable_segments may help: measure with `autoalloc ab -- {cmd}`, or turn it on for "
+        f'this program with a rule in autoalloc.toml ([[rules]] name = "my-trainer" scripts = '
+        f'["{_script(command)}"]), or set adaptive = "apply"'
+    )
+
+
+def applied_message(finding: Finding) -> str:
+    return (
+        f"autoalloc: the CUDA allocator re-allocated on most steps ({finding.describe()}): "
+        "expandable_segments turned on through the runtime setter and the unused cached "
+        'segments released (adaptive = "apply")'
+    )
+
+
+def _script(command: Sequence[str]) -> str:
+    scripts = [a for a in command if a.endswith(".py")]
+    return os.path.basename(scripts[0]) if scripts else "train.py"
+
+
+class Watch:
+    """Per-step sampling of the allocator counters in a CUDA process, feeding ``detect``."""
+
+    def __init__(self, torch: Any, on_finding: Callable[[Finding], None],
+                 limits: Thresholds = Thresholds()) -> None:
+        self.torch = torch
+        self.on_finding = on_finding
+        self.limits = limits
+        self.records: list[dict[str, int]] = []
+        self.previous: dict[str, int] | None = None
+        self.steps = 0
+        self.handle: Any = None
+        self.done = False
+
+    def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.done:
+            return
+        try:
+            self._step()
+        except Exception:  # never break the user's optimizer step
+            self.stop()
+
+    def _step(self) -> None:
+        self.steps += 1
+        if self.steps < self.limits.warmup or not self.torch.cuda.is_initialized():
+            return
+        records = self._recorder_records()
+        if records is None:
+            records = self._sample()
+        if self.steps % 10 == 0 or self.steps == self.limits.warmup + self.limits.window:
+            finding = detect(records, self.limits)
+            if finding is not None:
+                self.stop()
+                self.on_finding(finding)
+
+    def _recorder_records(self) -> list[dict[str, int]] | None:
+        recorder = getattr(sys.modules.get("autoalloc.ab.recorder"), "RECORDER", None)
+        if recorder is None or recorder.warmup > self.limits.warmup:
+            return None
+        return recorder.cuda_steps  # the recorder already read memory_stats at this step
+
+    def _sample(self) -> list[dict[str, int]]:
+        stats = self.torch.cuda.memory_stats()
+        now = {key: int(stats.get(key, 0)) for key in COUNTERS}
+        if self.previous is not None:
+            record = {key: now[key] - self.previous[key] for key in COUNTERS}
+            record["step"] = self.steps
+            record["reserved"] = int(stats.get("reserved_bytes.all.current", 0))
+            record["allocated"] = int(stats.get("allocated_bytes.all.current", 0))
+            self.records.append(record)
+            del self.records[: -self.limits.window]  # only the last window is judged
+        self.previous = now
+        return self.records
+
+    def stop(self) -> None:
+        self.done = True
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+
+def install(torch: Any, on_finding: Callable[[Finding], None]) -> Watch | None:
+    """Watch this process's optimizer steps; None on a build without CUDA (nothing to watch)."""
+    if not getattr(torch.version, "cuda", None):
+        return None
+    import torch.optim.optimizer as optimizer_module
+
+    watch = Watch(torch, on_finding)
+    watch.handle = optimizer_module.register_optimizer_step_post_hook(watch.on_step)
+    return watch
