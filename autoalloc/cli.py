@@ -49,7 +49,7 @@ action = "apply"                   # apply | skip
 def _cmd_explain(args: argparse.Namespace) -> int:
     from autoalloc.explain import explain, render
 
-    report = explain(args.command or None, imported=args.imports)
+    report = explain(args.command or None, imported=args.imports, trains=args.trains)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
     return 0
 
@@ -262,6 +262,11 @@ def _add_explain(sub: Any) -> None:
         metavar="MODULE",
         help="decide as if the program imported MODULE (repeatable): what a notebook or a "
         "script that imports a toolkit would get",
+    )
+    e.add_argument(
+        "--trains",
+        action="store_true",
+        help="decide as once the program has built its optimizer (rules with training = true)",
     )
     e.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to explain"

@@ -260,8 +260,10 @@ def decide(
     imported: Container[str] = (),
     late: bool = False,
     platform: str = sys.platform,
+    trains: bool = False,
 ) -> Decision:
-    """The decision for this process. ``late``: torch is already loaded (a later import trigger).
+    """The decision for this process. ``late``: torch is already loaded (a later import trigger);
+    ``trains``: the process has built an optimizer (``training = true`` rules may hold).
 
     1. a parent process of this job applied options: inherited (or undone for a skip rule);
     2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
@@ -277,12 +279,12 @@ def decide(
     }
     applied = parse_applied(env.get(APPLIED_VAR))
     if applied is not None and applied[1] == current:  # 1
-        return _from_parent(policy, entry, env, torch, imported, base, applied[0])
+        return _from_parent(policy, entry, env, torch, imported, base, applied[0], trains)
     warnings = tuple(layer_warnings(policy))
     if not policy.enabled.value:  # 2
         where = policy.enabled.source.describe() if policy.enabled.source else "?"
         return Decision("disabled", reason=f"enabled = false in {where}", warnings=warnings, **base)
-    match = first_match(policy.rules, entry, imported)  # 3
+    match = first_match(policy.rules, entry, imported, trains)  # 3
     rule = match.rule
     if rule is None:
         return Decision("none", reason="no rule matches", warnings=warnings, **base)
@@ -306,10 +308,11 @@ def _from_parent(
     imported: Container[str],
     base: dict,
     parent_rule: str,
+    trains: bool = False,
 ) -> Decision:
     """A child of a job autoalloc applied options for: silent, unless a skip rule denies it
     (a vLLM server started by a training job), which gets the user's variables back."""
-    denied = first_match(policy.rules, entry, imported) if policy.enabled.value else None
+    denied = first_match(policy.rules, entry, imported, trains) if policy.enabled.value else None
     if denied is not None and denied.rule is not None and denied.rule.action == "skip":
         undone = _undo(env, torch, base)
         if undone is not None:

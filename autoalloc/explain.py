@@ -16,7 +16,7 @@ from typing import Any
 
 from autoalloc import entrypoint, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.match import pending_triggers
+from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import plan
 from autoalloc.policy import Policy, Rule
 
@@ -48,6 +48,8 @@ def _rule_dict(rule: Rule) -> dict[str, Any]:
     for key in ("scripts", "modules", "commands", "imports", "argv"):
         if getattr(rule, key):
             out[key] = list(getattr(rule, key))
+    if rule.training:
+        out["training"] = True
     if rule.allocator:
         out["allocator"] = dict(rule.allocator)
     return out
@@ -67,6 +69,7 @@ def policy_dict(policy: Policy | None) -> dict[str, Any]:
             "enabled": None,
             "on_conflict": None,
             "on_setter": None,
+            "adaptive": None,
             "allocator": {},
             "rules": [],
             "inactive_rules": {},
@@ -88,6 +91,7 @@ def policy_dict(policy: Policy | None) -> dict[str, Any]:
         "enabled": {"value": policy.enabled.value, "from": origin(policy.enabled)},
         "on_conflict": {"value": policy.on_conflict.value, "from": origin(policy.on_conflict)},
         "on_setter": {"value": policy.on_setter.value, "from": origin(policy.on_setter)},
+        "adaptive": {"value": policy.adaptive.value, "from": origin(policy.adaptive)},
         "allocator": {
             k: {"value": v.value, "from": origin(v)} for k, v in policy.allocator.items()
         },
@@ -101,22 +105,26 @@ def explain(
     env: Mapping[str, str] | None = None,
     cwd: str | None = None,
     imported: Iterable[str] = (),
+    trains: bool = False,
 ) -> dict[str, Any]:
     """What autoalloc would decide for ``command`` (or for the working directory when None).
 
     ``imported``: modules to count as imported by that run (``--import``), as if the
-    program had imported them before torch or later (import triggers).
+    program had imported them before torch or later (import triggers). ``trains``: as once
+    the program has built its optimizer (``--trains``: ``training = true`` rules; the
+    options then go through the runtime setter).
     """
     env = dict(os.environ if env is None else env)
     cwd = cwd if cwd is not None else entrypoint.current_cwd()
     argv = interpreter_argv(command or [])
     entry = entrypoint.parse(argv, cwd) if argv else EntryPoint("unknown")
     torch = torchinfo.locate()
-    result = plan(entry, env, cwd, torch, imported, python=sys.executable)
+    result = plan(entry, env, cwd, torch, imported, python=sys.executable, late=trains, trains=trains)
     shown = result.decided_for
     report: dict[str, Any] = {
         "command": list(command or []),
         "imported": sorted(set(imported)),
+        "trains": trains,
         "entry_point": _entry_dict(shown),
         "torch": None
         if torch is None
@@ -140,6 +148,8 @@ def explain(
         }
     if result.decision.action == "none" and result.policy is not None:
         report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
+        if not trains and watches_training(result.policy.rules):
+            report["training_rules"] = [r.name for r in result.policy.rules if r.training]
     return report
 
 
@@ -175,6 +185,8 @@ def _render_program(report: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"imported:     {', '.join(report['imported'])} (as if the program imported them)"
         )
+    if report.get("trains"):
+        lines.append("trains:       yes (as once the program has built its optimizer)")
     t = report["torch"]
     found = f"{t['version']} ({t['flavour']}) at {t['path']}" if t else "not found on sys.path"
     lines.append(f"torch:        {found}")
@@ -193,6 +205,7 @@ def _render_policy(report: Mapping[str, Any]) -> list[str]:
     lines.append(f"on_conflict:  {conflict['value']}  [{conflict['from']}]")
     setter = report["on_setter"]
     lines.append(f"on_setter:    {setter['value']}  [{setter['from']}]")
+    lines.append(f"adaptive:     {report['adaptive']['value']}  [{report['adaptive']['from']}]")
     options = ", ".join(f"{k}:{v['value']} [{v['from']}]" for k, v in report["allocator"].items())
     lines.append(f"allocator:    {options}")
     lines.append("rules, in match order:")
@@ -225,6 +238,9 @@ def _render_decision(report: Mapping[str, Any]) -> list[str]:
     if report.get("import_triggers"):
         watched = ", ".join(report["import_triggers"])
         lines.append(f"watching:     {watched} (an import of one of these can still decide)")
+    if report.get("training_rules"):
+        names = ", ".join(report["training_rules"])
+        lines.append(f"on training:  {names} (can still decide once the program builds an optimizer)")
     lines += [f"warning:      {warning}" for warning in d["warnings"]]
     lines += [f"note:         {note}" for note in d["notes"]]
     return lines

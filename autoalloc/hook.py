@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 from autoalloc import entrypoint, messages, torchinfo
 from autoalloc._startup import WARNED_VAR
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.match import pending_triggers
+from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
 from autoalloc.torchinfo import TorchInfo
@@ -36,6 +36,12 @@ class State:
     own: frozenset[str] = frozenset()  # modules autoalloc itself imported to decide
     errors: list[str] = field(default_factory=list)
     setter_error: str | None = None
+    adaptive: object = None  # the adaptive.Watch, while one watches the optimizer steps
+
+    @property
+    def trains(self) -> bool:
+        """Whether this process has built a torch optimizer (as far as a decision needed to know)."""
+        return self.plan.trains if self.plan else False
 
     @property
     def policy(self) -> Policy | None:
@@ -88,6 +94,8 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
                 from autoalloc.ab import recorder
 
                 recorder.install()
+            _arm_training(module)
+            _arm_adaptive(module)
         if watcher is not None:
             watcher.names.discard("torch")
     elif watcher is not None:
@@ -111,8 +119,88 @@ def _on_trigger(watcher, name: str) -> None:
     watcher.names.clear()
 
 
-def commit(decision: Decision) -> None:
-    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace."""
+def _arm_training(torch: ModuleType) -> None:
+    """Watch for the first optimizer when a ``training = true`` rule could still decide."""
+    decision, policy = STATE.decision, STATE.policy
+    if decision is None or decision.action != "none" or policy is None:
+        return
+    if watches_training(policy.rules):
+        from autoalloc import training
+
+        training.install(torch.optim.Optimizer, _on_optimizer)
+
+
+def _on_optimizer() -> None:
+    """The process built its first optimizer: decide again with ``training`` rules in play."""
+    messages.debug("the process built its first optimizer")
+    decision = STATE.decision
+    if decision is None or decision.action != "none" or STATE.plan is None:
+        return
+    imported = sys.modules.keys() - STATE.own
+    STATE.plan = STATE.plan.after_training(os.environ, imported, late=True)
+    if STATE.plan.decision.action == "none":
+        return
+    commit(STATE.plan.decision, quiet=not _rank_zero())
+    if STATE.adaptive is not None and _segments_on(STATE.plan.decision):
+        STATE.adaptive.stop()  # nothing left to notice
+    watcher = _watcher()
+    if watcher is not None:
+        watcher.names.clear()
+
+
+def _arm_adaptive(torch: ModuleType) -> None:
+    """Watch the optimizer steps for the re-allocation symptom (``adaptive``; CUDA builds only)."""
+    decision, policy = STATE.decision, STATE.policy
+    if policy is None or policy.adaptive.value == "off" or decision is None or _segments_on(decision):
+        return
+    from autoalloc import adaptive
+
+    STATE.adaptive = adaptive.install(torch, _on_finding)
+
+
+def _segments_on(decision: Decision) -> bool:
+    """Nothing to notice: expandable segments are on already, or a rule decided to stay away."""
+    if decision.action in ("skip", "disabled"):
+        return True
+    return "expandable_segments:true" in (decision.value or "").replace(" ", "").lower()
+
+
+def _on_finding(finding) -> None:
+    """``adaptive`` saw the symptom: say so (advise), or turn the options on (apply); once."""
+    from autoalloc import adaptive
+    from autoalloc.decide import resolve
+    from autoalloc.policy import Rule, Source
+
+    decision, policy, entry = STATE.decision, STATE.policy, STATE.entry
+    if decision is None or policy is None or entry is None or _segments_on(decision):
+        return
+    if policy.adaptive.value == "apply":
+        rule = Rule("adaptive", policy.adaptive.source or Source("builtin", "adaptive"))
+        new = resolve(policy, rule, entry, os.environ, STATE.torch, True)
+        commit(replace(new, reason=f"adaptive = apply: {finding.describe()}"), quiet=not _rank_zero())
+        if STATE.torch_module is not None:
+            STATE.torch_module.cuda.empty_cache()  # the cached non-expandable segments go back
+        message = adaptive.applied_message(finding)
+    else:
+        message = adaptive.advice(finding, getattr(sys, "orig_argv", sys.argv))
+    if _rank_zero() and _not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
+        messages.warn(message)
+
+
+def _rank_zero() -> bool:
+    """Global rank 0, or no rank at all: ranks of one job say a late decision's warnings once."""
+    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        value = os.environ.get(name)
+        if value is not None:
+            return value.strip() == "0"
+    return True
+
+
+def commit(decision: Decision, quiet: bool = False) -> None:
+    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace.
+
+    ``quiet``: the warnings are another rank's to say (a late decision on a rank other than 0).
+    """
     STATE.decision = decision
     for name, value in decision.writes.items():
         os.environ[name] = value
@@ -126,7 +214,7 @@ def commit(decision: Decision) -> None:
             f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
             f"{STATE.setter_error}"
         )
-    for message in _not_yet_said(said):
+    for message in _not_yet_said(said) if not quiet else ():
         messages.warn(message)
     messages.debug(decision.summary())
     for note in decision.notes:

@@ -101,18 +101,35 @@ def _checkout_above(directory: str, markers: tuple[str, ...]) -> str | None:
         directory = parent
 
 
-def first_match(rules: Sequence[Rule], entry: EntryPoint, imported: Container[str] = ()) -> Match:
-    """The deciding rule for this process, given the modules imported so far."""
+def first_match(
+    rules: Sequence[Rule], entry: EntryPoint, imported: Container[str] = (), trains: bool = False
+) -> Match:
+    """The deciding rule for this process, given the modules imported so far and whether it
+    has built an optimizer (``trains``: a ``training = true`` rule holds only then)."""
     for rule in rules:
+        if rule.training and not trains:
+            continue
+        suffix = " and it builds an optimizer" if rule.training else ""
         reason = argv_reason(rule, entry)
         if reason:
-            return Match(rule, reason)
+            return Match(rule, reason + suffix)
         trigger = import_trigger(rule, entry, imported)
         if trigger:
-            return Match(rule, f"module {trigger} is imported", trigger)
+            return Match(rule, f"module {trigger} is imported{suffix}", trigger)
+        if rule.training and not (rule.scripts or rule.modules or rule.commands or rule.imports):
+            if rule.compiled.arguments(entry.args):
+                return Match(rule, "the process builds an optimizer")
     return Match()
 
 
+def watches_training(rules: Iterable[Rule]) -> bool:
+    """Whether any rule waits for the process to build an optimizer."""
+    return any(rule.training for rule in rules)
+
+
 def pending_triggers(rules: Iterable[Rule], imported: Container[str]) -> set[str]:
-    """Trigger modules not imported yet: the names to keep watching."""
-    return {name for rule in rules for name in rule.imports if name not in imported}
+    """Trigger modules not imported yet: the names to keep watching (a ``training`` rule's are
+    looked up when the optimizer is built, not watched)."""
+    return {
+        name for rule in rules if not rule.training for name in rule.imports if name not in imported
+    }

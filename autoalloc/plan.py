@@ -35,6 +35,7 @@ class Plan:
     decision: Decision
     imported: frozenset[str]  # the modules the decision counted as imported
     program: wrappers.Unwrapped | None = None  # the wrappers taken off (outermost first)
+    trains: bool = False  # the decision counted the process as having built an optimizer
 
     def after_import(
         self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool
@@ -46,8 +47,18 @@ class Plan:
         if self.policy is None:
             return self
         seen = frozenset({*self.imported, *imported, name})
-        decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late)
+        decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late,
+                          trains=self.trains)
         return replace(self, decision=decision, imported=seen)
+
+    def after_training(self, env: Mapping[str, str], imported: Iterable[str], late: bool) -> Plan:
+        """The plan once the process has built its first optimizer (``training = true`` rules)."""
+        if self.policy is None:
+            return self
+        seen = frozenset({*self.imported, *imported})
+        decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late,
+                          trains=True)
+        return replace(self, decision=decision, imported=seen, trains=True)
 
 
 def utf8_entry(entry: EntryPoint) -> EntryPoint:
@@ -85,6 +96,7 @@ def plan(
     late: bool = False,
     platform: str = sys.platform,
     rule: str | None = None,
+    trains: bool = False,
 ) -> Plan:
     """Decide for a process that runs ``entry`` in ``env`` and ``cwd`` and imports torch.
 
@@ -93,6 +105,7 @@ def plan(
     runtime setter. ``argv``: the process's ``sys.argv`` at the decision (for
     ``runpy.run_path``; None for a command line not started). ``rule``: decide as if the
     rule of that name matched (``doctor``'s "what would a matching job get").
+    ``trains``: as once the program has built its optimizer.
     """
     seen = frozenset({*imported, "torch"})
     # 1. The program to decide for: the one inside profilers, debuggers and launchers (a
@@ -116,10 +129,11 @@ def plan(
         return Plan(*args, None, decision, seen, program)
     # 4. The decision.
     if rule is None:
-        decision = decide(policy, matched, env, torch, seen, late=late, platform=platform)
+        decision = decide(policy, matched, env, torch, seen, late=late, platform=platform,
+                          trains=trains)
     else:
         decision = _as_if(policy, rule, matched, env, torch, late, platform)
-    return Plan(*args, policy, decision, seen, program)
+    return Plan(*args, policy, decision, seen, program, trains)
 
 
 def _as_if(

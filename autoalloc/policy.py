@@ -22,12 +22,14 @@ ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
 SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drops options
 
+ADAPTIVE_MODES = ("off", "advise", "apply")
+
 _TOP_KEYS = {
     "enabled", "on_conflict", "on_setter", "allocator", "rules", "disable", "enable",
-    "trusted_dirs", "wrappers",
+    "trusted_dirs", "wrappers", "adaptive",
 }
 _RULE_KEYS = {"name", "description", "scripts", "modules", "commands", "imports", "argv", "action",
-              "allocator", "enabled", "outside"}
+              "allocator", "enabled", "outside", "training"}
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 _MAX_LIST = 10_000
 _MAX_STR = 4096
@@ -65,6 +67,7 @@ class Rule:
     compiled: globs.RulePatterns = field(default=globs.RulePatterns(), compare=False, repr=False)
     enabled: bool = True  # false: off until a higher layer lists the name in `enable`
     outside: tuple[str, ...] = ()  # files marking toolkit checkouts where `imports` do not fire
+    training: bool = False  # holds only once the process has built a torch optimizer
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class LayerConfig:
     on_setter: str | None = None
     enable: tuple[str, ...] = ()
     wrappers: tuple[Wrapper, ...] = ()  # programs that run another program (wrappers.toml)
+    adaptive: str | None = None
 
 
 @dataclass(frozen=True)
@@ -138,14 +142,19 @@ def _rule(data: object, index: int, source: Source) -> Rule:
         raise PolicyError(f"{where}.description must be a string")
     kinds = ("scripts", "modules", "commands", "imports", "argv")
     lists = {k: _str_list(data[k], f"{where}.{k}") if k in data else () for k in kinds}
-    if not any(lists[k] for k in ("scripts", "modules", "commands", "imports")):
-        raise PolicyError(f"{where} needs at least one of scripts, modules, commands, imports")
+    training = data.get("training", False)
+    if not isinstance(training, bool):
+        raise PolicyError(f"{where}.training must be true or false")
+    if not training and not any(lists[k] for k in ("scripts", "modules", "commands", "imports")):
+        raise PolicyError(
+            f"{where} needs at least one of scripts, modules, commands, imports, training"
+        )
     allocator = _allocator(data["allocator"], f"{where}.allocator") if "allocator" in data else {}
     kinds_used = (lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
     compiled = globs.compile_rule(*kinds_used)
     switches = _rule_switches(data, where)
     return Rule(name, source, action, description, allocator=allocator, compiled=compiled, **lists,
-                **switches)
+                **switches, training=training)
 
 
 def _rule_switches(data: dict, where: str) -> dict:
@@ -227,8 +236,12 @@ def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
         table = wrappers.validate_all(data["wrappers"], source.layer) if "wrappers" in data else ()
     except wrappers.WrapperError as exc:
         raise PolicyError(str(exc)) from None
+    adaptive = data.get("adaptive")
+    if adaptive is not None and adaptive not in ADAPTIVE_MODES:
+        raise PolicyError("adaptive must be 'off', 'advise' or 'apply'")
     return LayerConfig(
-        source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter, enable, table
+        source, enabled, on_conflict, allocator, rules, disable, trusted, on_setter, enable, table,
+        adaptive,
     )
 
 
@@ -260,6 +273,7 @@ class Policy:
     # off-by-default rule -> what enabled it
     switched_on: Mapping[str, str] = field(default_factory=dict)
     wrappers: tuple[Wrapper, ...] = ()  # highest layer first; a name replaces lower ones
+    adaptive: Valued = Valued("off")
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
         """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
@@ -274,6 +288,7 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     enabled = Valued(True)
     on_conflict = Valued("keep")
     on_setter = Valued("warn")
+    adaptive = Valued("off")
     allocator: dict[str, Valued] = {k: Valued(v) for k, v in DEFAULT_ALLOCATOR.items()}
     for config in configs:
         if config.enabled is not None:
@@ -282,6 +297,8 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
             on_conflict = Valued(config.on_conflict, config.source)
         if config.on_setter is not None:
             on_setter = Valued(config.on_setter, config.source)
+        if config.adaptive is not None:
+            adaptive = Valued(config.adaptive, config.source)
         for key, value in config.allocator.items():
             allocator[key] = Valued(value, config.source)
     rules: list[Rule] = []
@@ -314,7 +331,7 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
     return Policy(
         tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped,
-        on_setter, switched_on, _wrappers(configs),
+        on_setter, switched_on, _wrappers(configs), adaptive,
     )
 
 
