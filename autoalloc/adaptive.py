@@ -16,8 +16,9 @@ Thresholds (README "Adaptive"), each with its reason:
   checkpoint) is a small share of them.
 - ``malloc_share = 0.5``: the symptom is device mallocs on *most* steps after warm-up (what the
   NeMo profile showed); a steady static-shape run reaches zero after warm-up.
-- ``retry_steps = 3``: an allocation retry (a failed cudaMalloc, the cache flushed, tried again)
-  is the expensive path; on three steps of a window it is a pattern, not one eval spike.
+- ``retry_episodes = 3``: an allocation retry (a failed cudaMalloc, the cache flushed, tried
+  again) is the expensive path. One evaluation pass can cause retries on a few consecutive
+  steps; retries in three separate runs of steps within a window are a pattern.
 - ``reserved / allocated`` is reported, never a trigger on its own: at a step boundary the cache
   legitimately still holds the activations just freed, so the ratio is high on healthy runs too.
 """
@@ -42,7 +43,7 @@ class Thresholds:
     warmup: int = 20
     window: int = 50
     malloc_share: float = 0.5
-    retry_steps: int = 3
+    retry_episodes: int = 3
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Finding:
     mallocs_per_step: float
     retry_steps: int  # steps with at least one allocation retry
     reserved_over_allocated: float | None
+    retry_episodes: int = 0  # runs of consecutive steps with retries
 
     def describe(self) -> str:
         ratio = self.reserved_over_allocated
@@ -79,10 +81,12 @@ def detect(
     last = after[-limits.window :]
     mallocs = [int(r.get("num_device_alloc", 0)) for r in last]
     malloc_steps = sum(1 for m in mallocs if m > 0)
-    retry_steps = sum(1 for r in last if int(r.get("num_alloc_retries", 0)) > 0)
-    if malloc_steps < limits.malloc_share * len(last) and retry_steps < limits.retry_steps:
+    retried = [int(r.get("num_alloc_retries", 0)) > 0 for r in last]
+    episodes = sum(1 for i, now in enumerate(retried) if now and (i == 0 or not retried[i - 1]))
+    if malloc_steps < limits.malloc_share * len(last) and episodes < limits.retry_episodes:
         return None
-    return Finding(len(last), malloc_steps, sum(mallocs) / len(last), retry_steps, _ratio(last))
+    mean = sum(mallocs) / len(last)
+    return Finding(len(last), malloc_steps, mean, sum(retried), _ratio(last), episodes)
 
 
 def _ratio(records: Sequence[Mapping[str, int]]) -> float | None:
@@ -145,13 +149,20 @@ class Watch:
         if self.steps < self.limits.warmup or not self.torch.cuda.is_initialized():
             return
         records = self._recorder_records()
+        finding = self.observe(self.torch.cuda.memory_stats() if records is None else None, records)
+        if finding is not None:
+            self.stop()
+            self.on_finding(finding)
+
+    def observe(
+        self, stats: Mapping[str, int] | None, records: list[dict[str, int]] | None = None
+    ) -> Finding | None:
+        """Take this step's ``memory_stats()`` (or the recorder's records); judge every 10 steps."""
         if records is None:
-            records = self._sample()
+            records = self._sample(stats or {})
         if self.steps % 10 == 0 or self.steps == self.limits.warmup + self.limits.window:
-            finding = detect(records, self.limits)
-            if finding is not None:
-                self.stop()
-                self.on_finding(finding)
+            return detect(records, self.limits)
+        return None
 
     def _recorder_records(self) -> list[dict[str, int]] | None:
         recorder = getattr(sys.modules.get("autoalloc.ab.recorder"), "RECORDER", None)
@@ -159,8 +170,7 @@ class Watch:
             return None
         return recorder.cuda_steps  # the recorder already read memory_stats at this step
 
-    def _sample(self) -> list[dict[str, int]]:
-        stats = self.torch.cuda.memory_stats()
+    def _sample(self, stats: Mapping[str, int]) -> list[dict[str, int]]:
         now = {key: int(stats.get(key, 0)) for key in COUNTERS}
         if self.previous is not None:
             record = {key: now[key] - self.previous[key] for key in COUNTERS}

@@ -8,6 +8,7 @@ that settles, and one evaluation pass in an otherwise steady run.
 from __future__ import annotations
 
 import random
+import textwrap
 
 from autoalloc import adaptive
 from autoalloc.adaptive import Thresholds, detect
@@ -74,7 +75,7 @@ def test_retries_on_several_steps_are_the_symptom_even_with_few_mallocs():
     for s in (55, 70, 85, 95):
         seq[s - 1] = record(s, mallocs=1, retries=2)
     finding = detect(seq)
-    assert finding is not None and finding.retry_steps == 4
+    assert finding is not None and finding.retry_steps == finding.retry_episodes == 4
 
 
 def test_only_the_last_window_counts():
@@ -86,7 +87,7 @@ def test_only_the_last_window_counts():
 
 def test_thresholds_are_parameters():
     seq = dynamic()
-    assert detect(seq, Thresholds(malloc_share=0.99, retry_steps=100)) is None
+    assert detect(seq, Thresholds(malloc_share=0.99, retry_episodes=100)) is None
     assert detect(seq, Thresholds(warmup=0, window=10)) is not None
 
 
@@ -97,3 +98,125 @@ def test_advice_names_the_command_and_the_rule():
     assert "autoalloc ab -- python /data/run/finetune.py --lr 1e-4" in text
     assert 'scripts = ["finetune.py"]' in text
     assert "expandable_segments turned on" in adaptive.applied_message(finding)
+
+
+def cumulative(records: list[dict[str, int]]) -> list[dict[str, int]]:
+    """What torch.cuda.memory_stats() would have said at each step, given the per-step deltas."""
+    totals = dict.fromkeys(adaptive.COUNTERS, 0)
+    out = []
+    for r in records:
+        for key in adaptive.COUNTERS:
+            totals[key] += r[key]
+        out.append({**totals, "reserved_bytes.all.current": r["reserved"],
+                    "allocated_bytes.all.current": r["allocated"]})
+    return out
+
+
+def watch_over(records: list[dict[str, int]]) -> tuple[int, adaptive.Finding] | None:
+    """Feed a Watch the memory_stats of each step from the warm-up on, as the step hook does."""
+    watch = adaptive.Watch(torch=None, on_finding=lambda f: None)
+    for step, stats in enumerate(cumulative(records), start=1):
+        if step < watch.limits.warmup:
+            continue
+        watch.steps = step
+        finding = watch.observe(stats)
+        if finding is not None:
+            return step, finding
+    return None
+
+
+def test_the_watch_finds_dynamic_buckets_soon_after_the_window_fills():
+    step, finding = watch_over(dynamic(200))
+    assert step == 70 and finding.steps == 50  # warm-up 20 + window 50
+    assert finding.malloc_steps == sum(1 for r in dynamic(200)[20:70] if r["num_device_alloc"])
+
+
+def test_the_watch_stays_quiet_on_healthy_runs():
+    assert watch_over(steady(300)) is None
+    spiky = steady(300)
+    for s in range(150, 154):
+        spiky[s - 1] = record(s, mallocs=40, retries=1)
+    assert watch_over(spiky) is None
+
+
+def test_the_watch_keeps_only_one_window():
+    watch = adaptive.Watch(torch=None, on_finding=lambda f: None)
+    for step, stats in enumerate(cumulative(steady(500)), start=1):
+        watch.steps = step
+        watch.observe(stats)
+    assert len(watch.records) == watch.limits.window
+
+
+# ------------------------------------------------------------------ wiring, real torch (CPU build)
+
+TRAIN_STEPS = """
+    import torch
+    from autoalloc import hook
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(100):
+        opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
+    print("WATCH", hook.STATE.adaptive)
+"""
+
+FOUND = """
+    from autoalloc import hook
+    from autoalloc.adaptive import Finding
+    finding = Finding(50, 41, 6.5, 2, 2.4, 1)
+    hook._on_finding(finding)
+    hook._on_finding(finding)  # a second finding (another optimizer's) says nothing more
+"""
+
+
+def test_silent_on_a_cpu_build(sandbox):
+    sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
+    sandbox.script("train.py", TRAIN_STEPS)
+    result = sandbox.run(["train.py"])
+    assert "WATCH None" in result.stdout, result.stderr
+    assert result.stderr == ""
+
+
+def test_advise_warns_once_with_the_figures_and_the_command(sandbox):
+    from tests.conftest import assert_untouched, autoalloc_warnings
+
+    sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
+    sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
+    result = sandbox.run(["train.py", "--epochs", "3"])
+    assert_untouched(result)
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert "device mallocs on 41 of the last 50 optimizer steps" in warning
+    assert "train.py --epochs 3`" in warning and "autoalloc ab -- " in warning
+
+
+def test_apply_turns_the_option_on_and_says_so_once(sandbox):
+    from tests.conftest import ES, assert_applied, autoalloc_warnings
+
+    sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
+    sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
+    result = sandbox.run(["train.py"], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"})
+    expected = f"garbage_collection_threshold:0.6,{ES}"
+    probe = assert_applied(result, expected=expected)  # the full merged string went to the setter
+    assert probe["applied"] == f"adaptive;{expected}"
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert "turned on through the runtime setter" in warning
+
+
+def test_apply_never_overrides_a_deny_rule(sandbox):
+    from tests.conftest import assert_untouched
+
+    sandbox.write("autoalloc.toml", 'adaptive = "apply"\n[[rules]]\nname = "no"\naction = "skip"\nscripts = ["train.py"]\n')
+    sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
+    result = sandbox.run(["train.py"])
+    assert_untouched(result)
+    assert result.stderr == ""
+
+
+def test_explain_shows_the_mode_and_where_it_came_from(sandbox):
+    import json
+
+    policy = sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
+    sandbox.write("train.py", "")
+    result = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", "train.py"])
+    assert json.loads(result.stdout)["adaptive"] == {"value": "advise", "from": f"project ({policy})"}
+    text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"]).stdout
+    assert f"adaptive:     advise  [project ({policy})]" in text
