@@ -12,6 +12,7 @@ import textwrap
 
 from autoalloc import adaptive
 from autoalloc.adaptive import Thresholds, detect
+from tests.conftest import PROBE, probe_result
 
 GiB = 1 << 30
 
@@ -149,7 +150,7 @@ def test_the_watch_keeps_only_one_window():
 
 # ------------------------------------------------------------------ wiring, real torch (CPU build)
 
-TRAIN_STEPS = """
+TRAIN_STEPS = textwrap.dedent("""
     import torch
     from autoalloc import hook
     model = torch.nn.Linear(4, 2)
@@ -157,7 +158,7 @@ TRAIN_STEPS = """
     for _ in range(100):
         opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
     print("WATCH", hook.STATE.adaptive)
-"""
+""") + PROBE
 
 FOUND = """
     from autoalloc import hook
@@ -168,11 +169,16 @@ FOUND = """
 """
 
 
-def test_silent_on_a_cpu_build(sandbox):
+def test_wired_on_cuda_builds_silent_everywhere_without_a_finding(sandbox, torch_python):
     sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
     sandbox.script("train.py", TRAIN_STEPS)
-    result = sandbox.run(["train.py"])
-    assert "WATCH None" in result.stdout, result.stderr
+    result = sandbox.run(["train.py"], python=torch_python)
+    assert result.returncode == 0, result.stderr
+    cuda_build = probe_result(result.stdout)["cuda_build"]
+    # a CUDA build watches the steps (nothing to judge while CUDA is not initialised); a CPU
+    # build registers nothing
+    assert ("WATCH <autoalloc.adaptive.Watch" in result.stdout) is cuda_build, result.stdout
+    assert ("WATCH None" in result.stdout) is not cuda_build
     assert result.stderr == ""
 
 
