@@ -83,6 +83,7 @@ class Status:
     )  # what autoalloc told this process when it decided
     notes: list[str] = field(default_factory=list)
     autoalloc: dict[str, Any] = field(default_factory=dict)
+    watching: dict[str, Any] = field(default_factory=dict)  # adaptive mode, training rules
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -487,7 +488,28 @@ def status() -> Status:
         decision=None if decision is None else decision.as_dict(), inherited=intent.inherited,
         matching_job=matching_job, torch_reports=reports, in_effect=in_effect, problems=problems,
         warnings=list(decision.warnings) if decision is not None else [], notes=notes,
+        watching=_watching(state),
     )  # fmt: skip
+
+
+def _watching(state: Any) -> dict[str, Any]:
+    """The ``adaptive`` mode and where it came from; the ``training`` rules and if they fired."""
+    policy = state.policy
+    if policy is None:
+        return {}
+    valued = policy.adaptive
+    watch = state.adaptive
+    return {
+        "adaptive": {
+            "value": valued.value,
+            "from": valued.source.describe() if valued.source else "default",
+            "watching_steps": watch is not None and not watch.done,
+        },
+        "training": {
+            "rules": [r.name for r in policy.rules if r.training],
+            "optimizer_built": state.trains,
+        },
+    }
 
 
 _NO_REPORTS: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None}
@@ -625,8 +647,21 @@ def _render_torch(s: Status) -> list[str]:
     return lines
 
 
+def _render_watching(s: Status) -> list[str]:
+    if not s.watching:
+        return []
+    a, t = s.watching["adaptive"], s.watching["training"]
+    steps = "; watching the optimizer steps" if a["watching_steps"] else ""
+    lines = [f"adaptive:     {a['value']}  [{a['from']}]{steps}"]
+    if t["rules"]:
+        built = "built" if t["optimizer_built"] else "not built yet"
+        lines.append(f"training:     {', '.join(t['rules'])} (optimizer {built} in this process)")
+    return lines
+
+
 def _render_messages(s: Status) -> list[str]:
-    lines = [f"problem:      {problem}" for problem in s.problems]
+    lines = [*_render_watching(s)]
+    lines += [f"problem:      {problem}" for problem in s.problems]
     lines += [f"warning:      {warning}" for warning in s.warnings]
     lines += [f"note:         {note}" for note in s.notes]
     job = s.matching_job
