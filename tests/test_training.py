@@ -173,6 +173,15 @@ def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sa
     assert "via the runtime setter" in result.stderr
 
 
+def test_a_training_rule_of_ones_own_on_each_torch_build(sandbox: Sandbox, torch_python: str) -> None:
+    sandbox.user_policy('[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n')
+    sandbox.script("finetune.py", SPEECH_FINETUNE.replace("import soundfile", "import json"))
+    result = sandbox.run(["finetune.py"], python=torch_python,
+                         env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"})
+    # the full merged string went to the setter: what the CUDA allocator parsed says so too
+    assert_applied(result, "mine", expected=f"garbage_collection_threshold:0.6,{ES}")
+
+
 def test_nothing_before_the_optimizer_is_built(sandbox: Sandbox) -> None:
     body = "import soundfile, torch\nimport os\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
     sandbox.script("finetune.py", body + SPEECH_FINETUNE)
