@@ -7,6 +7,7 @@ that settles, and one evaluation pass in an otherwise steady run.
 
 from __future__ import annotations
 
+import json
 import random
 import textwrap
 
@@ -226,3 +227,37 @@ def test_explain_shows_the_mode_and_where_it_came_from(sandbox):
     assert json.loads(result.stdout)["adaptive"] == {"value": "advise", "from": f"project ({policy})"}
     text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"]).stdout
     assert f"adaptive:     advise  [project ({policy})]" in text
+
+
+def test_the_watch_reads_the_recorders_counters_when_it_records(monkeypatch):
+    # with AUTOALLOC_REPORT set, the recorder already reads memory_stats() at each step: the
+    # watch judges its records instead of reading the counters a second time
+    import torch
+
+    from autoalloc.ab import recorder
+
+    rec = recorder.Recorder(torch, "-", warmup=20, stop_after=None)
+    rec.cuda_steps.extend(r for r in dynamic(120) if r["step"] > 20)
+    monkeypatch.setattr(recorder, "RECORDER", rec)
+    watch = adaptive.Watch(torch, on_finding=lambda f: None)
+    records = watch._recorder_records()
+    assert records is rec.cuda_steps
+    watch.steps = 120
+    finding = watch.observe(None, records)
+    assert finding is not None and finding.steps == 50
+    assert watch.records == []  # nothing sampled twice
+    monkeypatch.setattr(rec, "warmup", 40)  # a longer warm-up than the watch's: sample itself
+    assert watch._recorder_records() is None
+
+
+def test_adaptive_next_to_the_recorder_on_a_real_run(sandbox):
+    from tests.conftest import autoalloc_warnings
+
+    sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
+    sandbox.script("train.py", TRAIN_STEPS)
+    reports = sandbox.root / "reports"
+    result = sandbox.run(["train.py"], env={"AUTOALLOC_REPORT": f"{reports}/"})
+    assert result.returncode == 0, result.stderr
+    (report,) = reports.glob("*.json")
+    assert json.loads(report.read_text())["steps"] == 100
+    assert autoalloc_warnings(result.stderr) == []
