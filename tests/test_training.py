@@ -145,6 +145,18 @@ def test_deny_rules_still_win() -> None:
     assert decide(POLICY, entry, {}, TORCH, {"torchaudio"}).action == "none"
 
 
+def test_not_inside_a_checkout_with_rules_of_its_own(tmp_path: Path) -> None:
+    # a renamed NeMo checkout: its TTS trainer imports torchaudio and builds an optimizer, and
+    # stays off (tts-train is off until enabled); the same script outside a checkout applies
+    (tmp_path / "mynemo" / "nemo").mkdir(parents=True)
+    (tmp_path / "mynemo" / "nemo" / "package_info.py").write_text("")
+    inside = str(tmp_path / "mynemo" / "examples" / "tts" / "fastpitch.py")
+    outside = str(tmp_path / "elsewhere" / "fastpitch.py")
+    for path, action in ((inside, "none"), (outside, "apply")):
+        entry = EntryPoint("script", path, (), path, path)
+        assert decide(POLICY, entry, {}, TORCH, {"torchaudio"}, trains=True).action == action
+
+
 def test_adaptive_key_and_its_source() -> None:
     assert POLICY.adaptive.value == "off" and POLICY.adaptive.source is None
     layer = _layer('adaptive = "advise"\n')
