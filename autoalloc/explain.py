@@ -119,7 +119,9 @@ def explain(
     argv = interpreter_argv(command or [])
     entry = entrypoint.parse(argv, cwd) if argv else EntryPoint("unknown")
     torch = torchinfo.locate()
-    result = plan(entry, env, cwd, torch, imported, python=sys.executable, late=trains, trains=trains)
+    result = plan(
+        entry, env, cwd, torch, imported, python=sys.executable, late=trains, trains=trains
+    )
     shown = result.decided_for
     report: dict[str, Any] = {
         "command": list(command or []),
@@ -240,7 +242,7 @@ def _render_decision(report: Mapping[str, Any]) -> list[str]:
         lines.append(f"watching:     {watched} (an import of one of these can still decide)")
     if report.get("training_rules"):
         names = ", ".join(report["training_rules"])
-        lines.append(f"on training:  {names} (can still decide once the program builds an optimizer)")
+        lines.append(f"on training:  {names} (can still decide once the program trains)")
     lines += [f"warning:      {warning}" for warning in d["warnings"]]
     lines += [f"note:         {note}" for note in d["notes"]]
     return lines

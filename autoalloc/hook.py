@@ -40,7 +40,7 @@ class State:
 
     @property
     def trains(self) -> bool:
-        """Whether this process has built a torch optimizer (as far as a decision needed to know)."""
+        """Whether this process has built a torch optimizer (as far as a decision needed it)."""
         return self.plan.trains if self.plan else False
 
     @property
@@ -151,7 +151,9 @@ def _on_optimizer() -> None:
 def _arm_adaptive(torch: ModuleType) -> None:
     """Watch the optimizer steps for the re-allocation symptom (``adaptive``; CUDA builds only)."""
     decision, policy = STATE.decision, STATE.policy
-    if policy is None or policy.adaptive.value == "off" or decision is None or _segments_on(decision):
+    if policy is None or policy.adaptive.value == "off":
+        return
+    if decision is None or _segments_on(decision):
         return
     from autoalloc import adaptive
 
@@ -177,7 +179,8 @@ def _on_finding(finding) -> None:
     if policy.adaptive.value == "apply":
         rule = Rule("adaptive", policy.adaptive.source or Source("builtin", "adaptive"))
         new = resolve(policy, rule, entry, os.environ, STATE.torch, True)
-        commit(replace(new, reason=f"adaptive = apply: {finding.describe()}"), quiet=not _rank_zero())
+        reason = f"adaptive = apply: {finding.describe()}"
+        commit(replace(new, reason=reason), quiet=not _rank_zero())
         if STATE.torch_module is not None:
             STATE.torch_module.cuda.empty_cache()  # the cached non-expandable segments go back
         message = adaptive.applied_message(finding)

@@ -56,7 +56,7 @@ def test_dynamic_buckets_are_the_symptom():
 
 def test_a_warm_up_spike_is_ignored():
     # mallocs on every step up to step 30 (first buckets, optimizer state), then steady
-    seq = [record(s, mallocs=20 if s <= 30 else 0, retries=1 if s <= 25 else 0) for s in range(1, 121)]
+    seq = [record(s, mallocs=20 if s <= 30 else 0, retries=int(s <= 25)) for s in range(1, 121)]
     assert detect(seq) is None
 
 
@@ -200,7 +200,8 @@ def test_apply_turns_the_option_on_and_says_so_once(sandbox):
 
     sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
     sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
-    result = sandbox.run(["train.py"], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"})
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}
+    result = sandbox.run(["train.py"], env=env)
     expected = f"garbage_collection_threshold:0.6,{ES}"
     probe = assert_applied(result, expected=expected)  # the full merged string went to the setter
     assert probe["applied"] == f"adaptive;{expected}"
@@ -211,7 +212,10 @@ def test_apply_turns_the_option_on_and_says_so_once(sandbox):
 def test_apply_never_overrides_a_deny_rule(sandbox):
     from tests.conftest import assert_untouched
 
-    sandbox.write("autoalloc.toml", 'adaptive = "apply"\n[[rules]]\nname = "no"\naction = "skip"\nscripts = ["train.py"]\n')
+    sandbox.write(
+        "autoalloc.toml",
+        'adaptive = "apply"\n[[rules]]\nname = "no"\naction = "skip"\nscripts = ["train.py"]\n',
+    )
     sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
     result = sandbox.run(["train.py"])
     assert_untouched(result)
@@ -224,7 +228,8 @@ def test_explain_shows_the_mode_and_where_it_came_from(sandbox):
     policy = sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
     sandbox.write("train.py", "")
     result = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", "train.py"])
-    assert json.loads(result.stdout)["adaptive"] == {"value": "advise", "from": f"project ({policy})"}
+    expected = {"value": "advise", "from": f"project ({policy})"}
+    assert json.loads(result.stdout)["adaptive"] == expected
     text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"]).stdout
     assert f"adaptive:     advise  [project ({policy})]" in text
 

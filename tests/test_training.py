@@ -26,7 +26,8 @@ from tests.conftest import ES, Sandbox, assert_applied, assert_untouched, autoal
 
 CORPUS = json.loads((Path(__file__).parent / "corpus" / "unlisted.json").read_text())["entries"]
 BUILTIN = validate(
-    sources.parse_toml(Path(sources.BUILTIN_PATH).read_bytes()), Source("builtin", sources.BUILTIN_PATH)
+    sources.parse_toml(Path(sources.BUILTIN_PATH).read_bytes()),
+    Source("builtin", sources.BUILTIN_PATH),
 )
 POLICY = compose([BUILTIN])
 TORCH = TorchInfo("2.13.0", cuda="12.8")
@@ -85,7 +86,8 @@ def test_speech_training_scores_on_unlisted_toolkits() -> None:
 
 
 def test_the_false_positives_are_text_lm_trainers_inside_speech_toolkits() -> None:
-    wrong = [row["path"] for row in CORPUS if row["label"] == "OTHER" and _predicted(row, trains=True)]
+    others = [row for row in CORPUS if row["label"] == "OTHER"]
+    wrong = [row["path"] for row in others if _predicted(row, trains=True)]
     assert wrong == ["openspeech_cli/hydra_lm_train.py", "cat/lm/train.py", "cat/lm/trf/train.py"]
 
 
@@ -100,7 +102,8 @@ def test_importing_the_stack_without_an_optimizer_is_not_enough() -> None:
 
 def test_every_trainer_imports_a_listed_module() -> None:
     stack = {n for r in POLICY.rules if r.name == "speech-training" for n in r.imports}
-    missing = [row["path"] for row in CORPUS if row["label"] == "TRAIN" and not stack & _imported(row)]
+    trainers = [row for row in CORPUS if row["label"] == "TRAIN"]
+    missing = [row["path"] for row in trainers if not stack & _imported(row)]
     assert missing == []
 
 
@@ -185,7 +188,7 @@ def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sa
     assert "via the runtime setter" in result.stderr
 
 
-def test_a_training_rule_of_ones_own_on_each_torch_build(sandbox: Sandbox, torch_python: str) -> None:
+def test_a_training_rule_of_ones_own_on_each_build(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.user_policy('[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n')
     sandbox.script("finetune.py", SPEECH_FINETUNE.replace("import soundfile", "import json"))
     result = sandbox.run(["finetune.py"], python=torch_python,
@@ -195,7 +198,7 @@ def test_a_training_rule_of_ones_own_on_each_torch_build(sandbox: Sandbox, torch
 
 
 def test_nothing_before_the_optimizer_is_built(sandbox: Sandbox) -> None:
-    body = "import soundfile, torch\nimport os\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
+    body = "import os, soundfile, torch\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
     sandbox.script("finetune.py", body + SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"])
     assert "BEFORE None" in result.stdout
@@ -208,7 +211,8 @@ def test_without_the_speech_stack_untouched(sandbox: Sandbox) -> None:
 
 
 def test_inference_with_the_stack_but_no_optimizer_untouched(sandbox: Sandbox) -> None:
-    sandbox.script("transcribe.py", "import soundfile, torch\nmodel = torch.nn.Linear(4, 2)\nmodel(torch.randn(1, 4))\n")
+    body = "import soundfile, torch\nmodel = torch.nn.Linear(4, 2)\nmodel(torch.randn(1, 4))\n"
+    sandbox.script("transcribe.py", body)
     assert_untouched(sandbox.run(["transcribe.py"]))
 
 
@@ -227,7 +231,9 @@ def test_autoalloc_disable_turns_training_off(sandbox: Sandbox) -> None:
     assert result.stderr == ""
 
 
-WRAPPED = "import torch\nprint('WRAPPED', hasattr(torch.optim.Optimizer.__init__, '_autoalloc_training'))\n"
+WRAPPED = (
+    "import torch\nprint('WRAPPED', hasattr(torch.optim.Optimizer.__init__, '_autoalloc_training'))\n"
+)
 
 
 def test_the_optimizer_hook_only_when_a_rule_needs_it(sandbox: Sandbox) -> None:

@@ -91,7 +91,8 @@ _MAIN_RE = re.compile(r"""__name__\s*==\s*['"]__main__['"]|@hydra\.main""")
 # guess that the labels confirm or correct by reading the code.
 _OPTIM_RE = re.compile(
     r"torch\.optim\.[A-Z]|\boptim\.(Adam|AdamW|SGD|Adadelta|Adagrad|RMSprop)\(|\b(Adam|AdamW|SGD)\("
-    r"|build_optimizer|configure_optimizers|create_optimizer|deepspeed\.initialize|\.fit\(|trainer\.train\("
+    r"|build_optimizer|configure_optimizers|create_optimizer|deepspeed\.initialize"
+    r"|\.fit\(|trainer\.train\("
 )
 # "examples/asr/model/slam_model_asr.py:model_factory": a config naming the file a run loads
 _PYFILE_RE = re.compile(r"([\w./-]+\.py)(?::\w+)?\Z")
