@@ -140,7 +140,7 @@ def _on_optimizer() -> None:
     STATE.plan = STATE.plan.after_training(os.environ, imported, late=True)
     if STATE.plan.decision.action == "none":
         return
-    commit(STATE.plan.decision, quiet=not _rank_zero())
+    commit(STATE.plan.decision)
     if STATE.adaptive is not None and _segments_on(STATE.plan.decision):
         STATE.adaptive.stop()  # nothing left to notice
     watcher = _watcher()
@@ -180,30 +180,18 @@ def _on_finding(finding) -> None:
         rule = Rule("adaptive", policy.adaptive.source or Source("builtin", "adaptive"))
         new = resolve(policy, rule, entry, os.environ, STATE.torch, True)
         reason = f"adaptive = apply: {finding.describe()}"
-        commit(replace(new, reason=reason), quiet=not _rank_zero())
+        commit(replace(new, reason=reason))
         if STATE.torch_module is not None:
             STATE.torch_module.cuda.empty_cache()  # the cached non-expandable segments go back
         message = adaptive.applied_message(finding)
     else:
         message = adaptive.advice(finding, getattr(sys, "orig_argv", sys.argv))
-    if _rank_zero() and _not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
-        messages.warn(message)
+    if _not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
+        messages.warn(message)  # on global rank 0 only, as every warning
 
 
-def _rank_zero() -> bool:
-    """Global rank 0, or no rank at all: ranks of one job say a late decision's warnings once."""
-    for name in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        value = os.environ.get(name)
-        if value is not None:
-            return value.strip() == "0"
-    return True
-
-
-def commit(decision: Decision, quiet: bool = False) -> None:
-    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace.
-
-    ``quiet``: the warnings are another rank's to say (a late decision on a rank other than 0).
-    """
+def commit(decision: Decision) -> None:
+    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace."""
     STATE.decision = decision
     for name, value in decision.writes.items():
         os.environ[name] = value
@@ -217,7 +205,7 @@ def commit(decision: Decision, quiet: bool = False) -> None:
             f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
             f"{STATE.setter_error}"
         )
-    for message in _not_yet_said(said) if not quiet else ():
+    for message in _not_yet_said(said):
         messages.warn(message)
     messages.debug(decision.summary())
     for note in decision.notes:
