@@ -51,7 +51,10 @@ _IMPORTLIB_DIR = os.path.dirname(getattr(importlib, "__file__", None) or "<no im
 
 
 def _is_internal(filename: str) -> bool:
-    return filename.startswith(("<frozen importlib", PACKAGE_DIR + os.sep, _IMPORTLIB_DIR + os.sep))
+    # the startup module also ships top-level, as _autoalloc_startup.py beside the package
+    return filename.startswith(
+        ("<frozen importlib", PACKAGE_DIR + os.sep, _IMPORTLIB_DIR + os.sep)
+    ) or os.path.basename(filename) == "_autoalloc_startup.py"
 
 
 def _skipped_by_warnings(filename: str) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import entrypoint, plan, sources
+from autoalloc import entrypoint, plan, sources, wrappers
 from autoalloc.decide import decide
 from autoalloc.policy import LayerConfig, Policy, Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
@@ -54,7 +54,8 @@ def decision_for(policy: Policy, row: dict, root: Path, imported: Iterable[str])
     argv = row["argv"]
     if argv[0] != "-m" and not argv[0].endswith(".py"):
         argv = [f"/venv/bin/{argv[0]}", *argv[1:]]  # a console script: torchrun, fairseq-train
-    target, _ = entrypoint.decided_for(entrypoint.parse([PY, *argv], cwd), PY, cwd)
+    entry = entrypoint.parse([PY, *argv], cwd)
+    target = wrappers.unwrap(entry, wrappers.builtin(), cwd, None).entry
     decision = decide(policy, plan.utf8_entry(target), {}, TORCH, {*imported, "torch"})
     return decision.action, decision.rule
 
