@@ -18,6 +18,7 @@ from autoalloc.decide import decide
 from autoalloc.explain import explain, render
 from autoalloc.policy import PolicyError, Source, validate
 from autoalloc.torchinfo import TorchInfo
+from tests.conftest import NEMO
 
 pytestmark = pytest.mark.hook
 
@@ -654,7 +655,6 @@ def test_builtin_file_shape() -> None:
 
 # ---------------------------------------------------------------- composition with higher layers
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 EVAL = "NeMo/examples/asr/speech_to_text_eval.py"
 
 

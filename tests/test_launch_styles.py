@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    ES,
+    NEMO,
     PROBE,
     PY,
     Sandbox,
@@ -25,11 +27,6 @@ from tests.conftest import (
     autoalloc_warnings,
     probe_result,
 )
-
-ES = "expandable_segments:True"
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
-
-
 
 
 def stand_in(sandbox: Sandbox, files: dict[str, str], base: str = "site") -> str:

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from autoalloc.explain import explain
-from tests.conftest import Sandbox
+from tests.conftest import NEMO, Sandbox
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 REPORT = textwrap.dedent(
     """
     import json

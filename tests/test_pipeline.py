@@ -16,9 +16,8 @@ from autoalloc import entrypoint, sources
 from autoalloc.explain import explain, render
 from autoalloc.plan import plan, utf8_entry
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import Sandbox, autoalloc_warnings
+from tests.conftest import NEMO, Sandbox, autoalloc_warnings
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 CUDA = TorchInfo("2.14.1", cuda="13.0")
 
 

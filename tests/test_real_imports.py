@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import (
     ES,
+    NEMO,
     PROBE,
     Sandbox,
     assert_applied,
@@ -24,7 +25,6 @@ from tests.conftest import (
     probe_result,
 )
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 FAKE_NEMO = {
     "site/nemo/__init__.py": "",
     "site/nemo/collections/__init__.py": "",

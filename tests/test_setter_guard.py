@@ -15,9 +15,8 @@ from pathlib import Path
 import pytest
 
 from autoalloc import guards, policy
-from tests.conftest import CUDA_PY, PY, Sandbox, autoalloc_warnings
+from tests.conftest import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings
 
-NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
 USER = "garbage_collection_threshold:0.8,max_split_size_mb:512"
 ENV = {"PYTORCH_CUDA_ALLOC_CONF": USER}
 MERGE = 'on_setter = "merge"\n'
