@@ -83,7 +83,10 @@ def _fraction(closed: bool) -> Callable[[object], str]:
 def _choice(*choices: str) -> Callable[[object], str]:
     def check(v: object) -> str:
         if v not in choices:
-            raise ConfError("must be one of " + ", ".join(repr(c) for c in choices))
+            from autoalloc.messages import did_you_mean
+
+            hint = did_you_mean(v, choices)
+            raise ConfError("must be one of " + ", ".join(repr(c) for c in choices) + hint)
         return str(v)
 
     return check

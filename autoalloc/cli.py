@@ -14,29 +14,31 @@ from autoalloc import __version__, sources
 from autoalloc._startup import CONFIG_VAR
 
 STARTER = """\
-# autoalloc policy (WHERE). Reference: `autoalloc explain`, README "Policy".
+# autoalloc policy (WHERE). Everything below is commented out: this file changes nothing
+# until you uncomment a line. See what it does with `autoalloc explain -- python train.py`,
+# and validate it with `autoalloc check`.
 # Layers, lowest first: built-in < site < user < project (autoalloc.toml or
 # pyproject.toml [tool.autoalloc]) < the file named by AUTOALLOC_CONFIG.
 
-# enabled = false          # autoalloc does nothing where this file governs
-# on_conflict = "keep"     # keep | override: when PYTORCH_*ALLOC_CONF already sets a key
-# on_setter = "warn"       # warn | merge: when a later runtime setter call drops options
-# disable = ["nemo-asr-train"]   # switch off rules of lower layers by name
+# enabled = false                # autoalloc does nothing where this file governs
+# on_conflict = "keep"           # keep | override: when PYTORCH_*ALLOC_CONF already sets a key
+# on_setter = "warn"             # warn | merge: when a later runtime setter call drops options
+# disable = ["hf-asr-examples"]  # switch off rules of lower layers (built-in ones) by name
 
-# Options "apply" rules use unless they give their own.
-[allocator]
-expandable_segments = true
+# Options that "apply" rules use unless they give their own.
+# [allocator]
+# expandable_segments = true
 # garbage_collection_threshold = 0.8
 
-# The first matching rule decides (this file's rules are tried before lower layers').
-[[rules]]
-name = "my-asr-train"
-scripts = ["**/train_asr*.py"]     # globs on the script path; a bare name matches the file name
+# The first matching rule decides; this file's rules are tried before lower layers'.
+# [[rules]]
+# name = "my-asr-train"
+# scripts = ["**/train_asr*.py"]   # globs on the script path; a bare name matches the file name
 # modules = ["myproj.train*"]      # python -m module names
 # commands = ["my-train"]          # console-script names
 # imports = ["myproj.asr.data"]    # importing this module triggers the rule
 # argv = ["*conformer*"]           # and at least one argument must match
-action = "apply"                   # apply | skip
+# action = "apply"                 # apply | skip
 # allocator = { garbage_collection_threshold = 0.8 }
 
 # [[rules]]
@@ -50,7 +52,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     from autoalloc.explain import explain, render
 
     report = explain(args.command or None, imported=args.imports, trains=args.trains)
-    print(json.dumps(report, indent=2, sort_keys=True) if args.json else render(report))
+    text = render(report, verbose=args.verbose)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else text)
     return 0
 
 
@@ -77,24 +80,27 @@ def _cmd_init(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_file(path: str) -> str | None:
-    from autoalloc.policy import PolicyError, Source, validate
+def _check_file(path: str) -> list[str]:
+    """What is wrong with one policy file (nothing: it is valid, and says so)."""
+    from autoalloc.policy import PolicyError, Source, salvage
 
     layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
     try:
         table = sources.policy_table(path, sources.read_bytes(path))
     except FileNotFoundError:
-        return "no such file"
+        return ["no such file"]
     except sources.LayerError as exc:
-        return str(exc)
+        return [f"{exc}; the file is ignored"]
     if table is None:
-        return "no [tool.autoalloc] table"
+        return ["no [tool.autoalloc] table"]
     try:
-        config = validate(table, Source(layer, path), allow_trust=layer != "project")
+        config, problems = salvage(table, Source(layer, path), allow_trust=layer != "project")
     except PolicyError as exc:
-        return str(exc)
-    print(f"ok     {path}  ({len(config.rules)} rules)")
-    return None
+        return [f"{exc}; the file is ignored"]
+    if not problems:
+        count = len(config.rules)
+        print(f"ok     {path}  ({count} rule{'' if count == 1 else 's'})")
+    return list(problems)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -103,9 +109,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if not paths:
         paths, failed = _layer_paths()
     for path in paths:
-        error = _check_file(path)
-        if error:
-            failed += 1
+        errors = _check_file(path)
+        failed += bool(errors)
+        for error in errors:
             print(f"error  {path}: {error}")
     return 1 if failed else 0
 
@@ -254,6 +260,9 @@ def _add_explain(sub: Any) -> None:
         "Example: autoalloc explain -- python examples/asr/asr_ctc/speech_to_text_ctc.py",
     )
     e.add_argument("--json", action="store_true", help="machine-readable output")
+    e.add_argument(
+        "-v", "--verbose", action="store_true", help="list every rule, built-in ones included"
+    )
     e.add_argument(
         "--import",
         dest="imports",

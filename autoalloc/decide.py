@@ -191,6 +191,8 @@ def layer_warnings(policy: Policy) -> list[str]:
             out.append(
                 f"autoalloc: ignoring the {layer.layer} policy {layer.path}: {layer.message}"
             )
+        elif layer.status == "found" and layer.message:  # used, all but the parts named
+            out.append(f"autoalloc: in the {layer.layer} policy {layer.path}: {layer.message}")
     return out
 
 

@@ -550,12 +550,7 @@ def _summary(
             else "autoalloc's hook is not live in this interpreter"
         )
     if not intent:
-        what = decision.action if decision is not None else "nothing"
-        return (
-            f"nothing to verify: {what} ({decision.reason})"
-            if decision is not None and decision.reason
-            else (f"nothing to verify: {what}")
-        )
+        return nothing_to_do(decision)
     if ok:
         return f"in effect: torch uses {options}"
     missing = [(k, v) for k, v in in_effect.items() if not v["ok"]]
@@ -565,6 +560,23 @@ def _summary(
     got = ",".join(f"{k}:{v['reported']}" for k, v in missing)
     by = missing[0][1]["reported_by"]
     return f"NOT in effect: autoalloc meant {meant}; torch reports {got} ({by})"
+
+
+_CHECK_A_JOB = 'to check a job, run "autoalloc explain -- CMD" or "autoalloc ab -- CMD"'
+
+
+def nothing_to_do(decision: Decision | None) -> str:
+    """The headline when this process meant no allocator options: why, and what to run instead
+    (doctor's own process is rarely the one a user wants to know about)."""
+    if decision is None:
+        why = "torch was imported before autoalloc could decide"
+    elif decision.action == "none" and decision.entry.target in ("autoalloc", "autoalloc.__main__"):
+        why = 'no rule matches "autoalloc doctor" itself'
+    elif decision.action == "none":
+        why = f"no rule matches {decision.entry.describe()}"
+    else:
+        why = f"{decision.action}: {decision.reason}" if decision.reason else decision.action
+    return f"nothing to do in this process ({why}); {_CHECK_A_JOB}"
 
 
 def render(status: Status) -> str:

@@ -168,9 +168,42 @@ def _value(text: str | None) -> str:
     return "(unset)" if text is None else repr(text)
 
 
-def render(report: Mapping[str, Any]) -> str:
-    """The text form of an ``explain`` report."""
-    return "\n".join([*_render_program(report), *_render_policy(report), *_render_decision(report)])
+def render(report: Mapping[str, Any], verbose: bool = False) -> str:
+    """The text form of an ``explain`` report: the decision first (what will happen, from
+    which rule and file), then what it was made from: the program, the layers, the rules
+    (built-in ones that do not decide this command on one line unless ``verbose``)."""
+    lines = [*_render_decision(report), *_render_program(report), *_render_policy(report)]
+    return "\n".join([*lines, *_render_rules(report, verbose)])
+
+
+def _render_rules(report: Mapping[str, Any], verbose: bool) -> list[str]:
+    if report["enabled"] is None:
+        return []
+    decided = report["decision"].get("rule")
+    watched = set(report.get("import_triggers", ()))
+    lines = ["rules, in match order (> decides):"]
+    hidden = 0
+    for rule in report["rules"]:
+        deciding = rule["name"] == decided
+        watching = watched & set(rule.get("imports", ()))
+        can_decide = deciding or rule["layer"] != "builtin" or watching
+        if not (verbose or can_decide):
+            hidden += 1
+            continue
+        note = f"  (enabled by {rule['enabled_by']})" if "enabled_by" in rule else ""
+        head = f"{'>' if deciding else ' '} {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
+        lines.append(f"{head}  {rule.get('description', '')}{note}".rstrip())
+    for name, why in report["inactive_rules"].items():
+        if verbose or not name.endswith("@builtin"):
+            lines.append(f"  off   {name:<24} {why}")
+        else:
+            hidden += 1
+    if hidden:
+        lines.append(
+            f"  ({hidden} more built-in rule{'' if hidden == 1 else 's'} that cannot decide "
+            "this command: autoalloc explain --verbose lists them)"
+        )
+    return lines
 
 
 def _render_program(report: Mapping[str, Any]) -> list[str]:
@@ -210,13 +243,6 @@ def _render_policy(report: Mapping[str, Any]) -> list[str]:
     lines.append(f"adaptive:     {report['adaptive']['value']}  [{report['adaptive']['from']}]")
     options = ", ".join(f"{k}:{v['value']} [{v['from']}]" for k, v in report["allocator"].items())
     lines.append(f"allocator:    {options}")
-    lines.append("rules, in match order:")
-    for rule in report["rules"]:
-        note = f"  (enabled by {rule['enabled_by']})" if "enabled_by" in rule else ""
-        head = f"  {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
-        lines.append(f"{head}  {rule.get('description', '')}{note}".rstrip())
-    for name, why in report["inactive_rules"].items():
-        lines.append(f"  off   {name:<24} {why}")
     return lines
 
 

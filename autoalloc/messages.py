@@ -11,14 +11,30 @@ import importlib
 import os
 import sys
 import warnings
+from collections.abc import Iterable
 
 from autoalloc._startup import DEBUG_VAR, truthy
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
-class AutoallocWarning(UserWarning):
-    """A warning from autoalloc; filter with ``-W ignore::autoalloc.AutoallocWarning``."""
+class AutoallocWarning(Warning):
+    """A warning from autoalloc; filter with ``-W ignore:autoalloc`` (by message).
+
+    Not a ``UserWarning``: training jobs often run with ``-W ignore::UserWarning`` (or the same
+    in ``PYTHONWARNINGS``) to quiet their libraries, and a broken policy file or a conflict
+    with the user's own allocator settings, said once per job, must not vanish with them.
+    """
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` — did you mean 'x'?`` for the closest of ``choices`` to ``word``, or ``""``."""
+    if not isinstance(word, str):
+        return ""
+    import difflib  # only when there is a mistake to report
+
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" \N{EM DASH} did you mean {close[0]!r}?" if close else ""
 
 
 def debug_enabled() -> bool:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from autoalloc import allocconf, globs, wrappers
+from autoalloc.messages import did_you_mean
 from autoalloc.wrappers import Wrapper
 
 LayerName = Literal["builtin", "site", "user", "project", "env"]
@@ -96,6 +97,12 @@ class Valued:
     rule: str | None = None
 
 
+def _shown(value: object) -> str:
+    """A wrong value as a message quotes it: short, whatever its size."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _str_list(value: object, where: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise PolicyError(f"{where} must be a list of strings")
@@ -112,6 +119,10 @@ def _allocator(value: object, where: str) -> dict[str, str]:
         raise PolicyError(f"{where} must be a table")
     out: dict[str, str] = {}
     for key, item in value.items():
+        if key not in allocconf.KEYS:
+            hint = did_you_mean(key, allocconf.KEYS)
+            rule = where.rpartition(": ")[0]  # "rule 2 (...)" from "rule 2 (...): allocator"
+            raise PolicyError(f"{rule}{': ' if rule else ''}unknown allocator option {key!r}{hint}")
         try:
             out[key] = allocconf.serialize_value(key, item)
         except allocconf.ConfError as exc:
@@ -124,32 +135,34 @@ def _allocator(value: object, where: str) -> dict[str, str]:
 
 
 def _rule(data: object, index: int, source: Source) -> Rule:
-    where = f"rules[{index}]"
+    where = f"rule {index + 1}"  # counted from 1, as a person counts the [[rules]] of a file
     if not isinstance(data, dict):
         raise PolicyError(f"{where} must be a table")
-    unknown = sorted(set(data) - _RULE_KEYS)
-    if unknown:
-        raise PolicyError(f"{where}: unknown key {unknown[0]!r}")
     name = data.get("name", f"{source.layer}-{index}")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise PolicyError(f"{where}.name must be letters, digits, '-', '_' or '.' (at most 100)")
-    where = f"rules[{index}] ({name})"
+        raise PolicyError(f"{where}: name must be letters, digits, '-', '_' or '.' (at most 100)")
+    where = f'rule {index + 1} ("{name}")'
+    unknown = sorted(set(data) - _RULE_KEYS)
+    if unknown:
+        hint = did_you_mean(unknown[0], _RULE_KEYS)
+        raise PolicyError(f"{where}: unknown key {unknown[0]!r}{hint}")
     action = data.get("action", "apply")
     if action not in ACTIONS:
-        raise PolicyError(f"{where}.action must be 'apply' or 'skip'")
+        hint = did_you_mean(action, ACTIONS)
+        raise PolicyError(f"{where}: action must be 'apply' or 'skip', not {_shown(action)}{hint}")
     description = data.get("description", "")
     if not isinstance(description, str) or len(description) > _MAX_STR:
-        raise PolicyError(f"{where}.description must be a string")
+        raise PolicyError(f"{where}: description must be a string")
     kinds = ("scripts", "modules", "commands", "imports", "argv")
-    lists = {k: _str_list(data[k], f"{where}.{k}") if k in data else () for k in kinds}
+    lists = {k: _str_list(data[k], f"{where}: {k}") if k in data else () for k in kinds}
     training = data.get("training", False)
     if not isinstance(training, bool):
-        raise PolicyError(f"{where}.training must be true or false")
+        raise PolicyError(f"{where}: training must be true or false")
     if not training and not any(lists[k] for k in ("scripts", "modules", "commands", "imports")):
         raise PolicyError(
             f"{where} needs at least one of scripts, modules, commands, imports, training"
         )
-    allocator = _allocator(data["allocator"], f"{where}.allocator") if "allocator" in data else {}
+    allocator = _allocator(data["allocator"], f"{where}: allocator") if "allocator" in data else {}
     kinds_used = (lists["scripts"], lists["modules"], lists["commands"], lists["argv"])
     compiled = globs.compile_rule(*kinds_used)
     switches = _rule_switches(data, where)
@@ -206,7 +219,7 @@ def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
     keys = _TOP_KEYS if allow_trust else _TOP_KEYS - {"trusted_dirs"}
     unknown = sorted(set(data) - keys)
     if unknown:
-        hint = ""
+        hint = did_you_mean(unknown[0], keys)
         if unknown[0] == "trusted_dirs":
             hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
         raise PolicyError(f"unknown key {unknown[0]!r}{hint}")
@@ -215,10 +228,13 @@ def _validate(data: object, source: Source, allow_trust: bool) -> LayerConfig:
         raise PolicyError("enabled must be true or false")
     on_conflict = data.get("on_conflict")
     if on_conflict is not None and on_conflict not in CONFLICT_MODES:
-        raise PolicyError("on_conflict must be 'keep' or 'override'")
+        hint = did_you_mean(on_conflict, CONFLICT_MODES)
+        shown = _shown(on_conflict)
+        raise PolicyError(f"on_conflict must be 'keep' or 'override', not {shown}{hint}")
     on_setter = data.get("on_setter")
     if on_setter is not None and on_setter not in SETTER_MODES:
-        raise PolicyError("on_setter must be 'warn' or 'merge'")
+        hint = did_you_mean(on_setter, SETTER_MODES)
+        raise PolicyError(f"on_setter must be 'warn' or 'merge', not {_shown(on_setter)}{hint}")
     allocator = _allocator(data["allocator"], "allocator") if "allocator" in data else {}
     raw_rules = data.get("rules", [])
     if not isinstance(raw_rules, list) or len(raw_rules) > _MAX_LIST:
@@ -356,3 +372,99 @@ def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfi
         if name in config.enable:
             return "enable", config
     return None
+
+
+def salvage(
+    data: object, source: Source, allow_trust: bool = False, cache: bool = False
+) -> tuple[LayerConfig, tuple[str, ...]]:
+    """The valid part of a layer, and one sentence for each part left out.
+
+    A mistake costs only the part it is in: an invalid allocator option drops that option,
+    any other mistake in a rule drops that rule, a bad top-level setting drops that setting,
+    and the rest of the file applies. A typo in one rule thus switches off neither the
+    file's deny rules nor its allow rules. Raises PolicyError only when the policy is not a
+    table at all. A valid file costs one ``validate`` (``cache``: as ``validate``'s).
+    """
+    try:
+        return validate(data, source, allow_trust, cache=cache), ()
+    except PolicyError:
+        if not isinstance(data, dict):
+            raise
+    problems: list[str] = []
+    top: dict = {}
+    for key, value in data.items():
+        if key == "rules":
+            continue
+        try:
+            validate({**top, key: value}, source, allow_trust)
+            top[key] = value
+        except PolicyError as exc:
+            if key == "allocator" and isinstance(value, dict):
+                top[key] = _kept_options(
+                    value,
+                    lambda t: validate({**top, "allocator": t}, source, allow_trust),
+                    problems,
+                )
+            else:
+                problems.append(_sentence(exc, f"The setting {key!r} is ignored."))
+    config = validate(top, source, allow_trust)
+    raw = data.get("rules", [])
+    if not isinstance(raw, list) or len(raw) > _MAX_LIST:
+        problems.append("rules must be an array of tables ([[rules]]). No rule is read.")
+        raw = []
+    rules: list[Rule] = []
+    for index, item in enumerate(raw):
+        rule = _salvage_rule(item, index, source, problems)
+        if rule is not None and any(r.name == rule.name for r in rules):
+            problems.append(f"rule {index + 1}: another rule is already named {rule.name!r}. "
+                            f"Rule {index + 1} is ignored.")
+        elif rule is not None:
+            rules.append(rule)
+    return replace(config, rules=tuple(rules)), tuple(problems)
+
+
+def _sentence(error: Exception, consequence: str) -> str:
+    text = str(error)
+    return f"{text}{'' if text.endswith(('?', '.')) else '.'} {consequence}"
+
+
+def _kept_options(options: dict, check: Callable[[dict], object], problems: list[str]) -> dict:
+    """The options of an allocator table that ``check`` accepts, one after the other."""
+    kept: dict = {}
+    for key, value in options.items():
+        try:
+            check({**kept, key: value})
+            kept[key] = value
+        except PolicyError as exc:
+            problems.append(_sentence(exc, f"The option {key!r} is ignored."))
+    return kept
+
+
+def _salvage_rule(item: object, index: int, source: Source, problems: list[str]) -> Rule | None:
+    """Rule ``index`` without its invalid allocator options, or None when it has other errors."""
+    try:
+        return _rule(item, index, source)
+    except PolicyError as exc:
+        error = exc
+    options = item.get("allocator") if isinstance(item, dict) else None
+    if isinstance(options, dict) and isinstance(item, dict):
+        try:
+            _rule({**item, "allocator": {}}, index, source)
+        except PolicyError as exc:
+            error = exc
+        else:
+            def check(table: dict) -> Rule:
+                return _rule({**item, "allocator": table}, index, source)
+
+            return check(_kept_options(options, check, problems))
+    problems.append(_sentence(error, f"Rule {index + 1} is ignored."))
+    return None
+
+
+def summarize(problems: Sequence[str], shown: int = 3) -> str:
+    """The problems of one file for its single warning: the first few, and how many more."""
+    if not problems:
+        return ""
+    more = len(problems) - shown
+    tail = f" ({more} more: run `autoalloc check`.)" if more > 0 else ""
+    return " ".join(problems[:shown]) + tail + " The rest of the file applies."

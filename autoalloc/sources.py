@@ -29,7 +29,8 @@ from autoalloc.policy import (
     PolicyError,
     Source,
     compose,
-    validate,
+    salvage,
+    summarize,
 )
 
 if sys.version_info >= (3, 11):
@@ -89,11 +90,11 @@ _OPEN_FLAGS = (
 
 def _check_regular(st: os.stat_result) -> None:
     if stat.S_ISDIR(st.st_mode):
-        raise LayerError("is a directory, not a file")
+        raise LayerError("a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
-        raise LayerError("is not a regular file")
+        raise LayerError("not a regular file")
     if st.st_size > MAX_BYTES:
-        raise LayerError(f"is larger than {MAX_BYTES // 1024} KiB")
+        raise LayerError(f"larger than {MAX_BYTES // 1024} KiB")
 
 
 def read_file(path: str) -> tuple[bytes, os.stat_result]:
@@ -134,7 +135,7 @@ def read_file(path: str) -> tuple[bytes, os.stat_result]:
     finally:
         os.close(fd)
     if size > MAX_BYTES:
-        raise LayerError(f"is larger than {MAX_BYTES // 1024} KiB")
+        raise LayerError(f"larger than {MAX_BYTES // 1024} KiB")
     return b"".join(chunks), st
 
 
@@ -156,15 +157,15 @@ def parse_toml(data: bytes) -> dict:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise LayerError(f"is not UTF-8 (byte {exc.start})") from None
+        raise LayerError(f"not UTF-8 (byte {exc.start})") from None
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise LayerError(f"is not valid TOML: {exc}") from None
+        raise LayerError(f"not valid TOML: {exc}") from None
     except RecursionError:
-        raise LayerError("is not valid TOML: nested too deeply") from None
+        raise LayerError("not valid TOML: nested too deeply") from None
     except Exception as exc:  # e.g. ValueError for an integer of more than 4300 digits
-        raise LayerError(f"is not valid TOML: {type(exc).__name__}: {exc}") from None
+        raise LayerError(f"not valid TOML: {type(exc).__name__}: {exc}") from None
     if len(_PARSED) >= 8:
         del _PARSED[next(iter(_PARSED))]
     _PARSED[data] = table
@@ -344,10 +345,11 @@ def _validated(read: LayerFile, allow_trust: bool) -> LayerFile:
     try:
         # the table is parse_toml's, which no one changes: validated once per process
         source = Source(read.layer, read.path or "")
-        config = validate(read.table, source, allow_trust, cache=True)
+        config, problems = salvage(read.table, source, allow_trust, cache=True)
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
-    return replace(read, config=config)
+    # A file used in part is "found", with a message saying what was left out.
+    return replace(read, config=config, message=summarize(problems))
 
 
 def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerFile:

@@ -112,9 +112,14 @@ def test_check(sandbox: Sandbox) -> None:
     py = sandbox.write("pyproject.toml", "[tool.autoalloc]\nenabled = 1\n")
     result = autoalloc(sandbox, "check", str(good), str(bad), str(py))
     assert result.returncode == 1
-    assert f"ok     {good}  (1 rules)" in result.stdout
-    assert f"error  {bad}: allocator.max_split_size_mb: must be >= 20" in result.stdout
-    assert f"error  {py}: enabled must be true or false" in result.stdout
+    assert f"ok     {good}  (1 rule)\n" in result.stdout
+    assert (
+        f"error  {bad}: allocator.max_split_size_mb: must be >= 20. "
+        "The option 'max_split_size_mb' is ignored.\n"
+    ) in result.stdout
+    assert f"error  {py}: enabled must be true or false. The setting 'enabled' is ignored.\n" in (
+        result.stdout
+    )
     assert autoalloc(sandbox, "check", str(good)).returncode == 0
     # without paths: every layer that applies here (the broken pyproject.toml)
     layers = autoalloc(sandbox, "check")

@@ -449,7 +449,10 @@ def decide_case(world: World, case: Case, base_env: dict[str, str]):
     statuses = {s.path: s for s in policy.layers if s.path in by_path}
     for path, layer_name in by_path.items():
         status = statuses.get(path)
-        bad = status is not None and status.status in ("error", "untrusted")
+        # a file used in part ("found" with a message) warns too, once
+        bad = status is not None and (
+            status.status in ("error", "untrusted") or (status.status == "found" and status.message)
+        )
         assert mentions[path] == (1 if bad else 0), (path, status, layer_warnings)
         data = case.files.get(layer_name)
         shadowed = layer_name == "pyproject" and case.files.get("project") is not None  # autoalloc.toml wins

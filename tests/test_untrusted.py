@@ -1,8 +1,9 @@
 """Untrusted project files: a project policy comes with any cloned repository.
 
 It can only choose validated allocator options: hostile keys (``env``, ``LD_PRELOAD``, an
-unknown ``backend``, commands, trust for itself) cost one warning and the file is ignored;
-nothing in it is executed or imported. A project file that is not owned, together with its
+unknown ``backend``, commands, trust for itself) cost one warning and are left out (the
+rule or option they are in; the rest of the file applies); nothing in it is executed or
+imported. A project file that is not owned, together with its
 directory, by this user or root is ignored with one warning, like git's
 ``safe.directory``; ``AUTOALLOC_TRUSTED_DIRS`` and ``trusted_dirs`` in the user, site or
 ``AUTOALLOC_CONFIG`` file re-enable it. The tests run as root and hand files to uid 12345.
@@ -82,12 +83,17 @@ def assert_one_warning(policy, path: Path, *fragments: str) -> None:
         ('[tool]\nautoalloc = 1\n', "'tool'"),
     ],
 )
-def test_hostile_keys_cost_one_warning_and_the_file(world: Path, text: str, key: str) -> None:
-    path = project_file(world, text)
+def test_hostile_keys_cost_one_warning_and_their_part(world: Path, text: str, key: str) -> None:
+    # What is hostile is left out with one warning; the file's valid rule still counts.
+    safe = '[[rules]]\nname = "safe"\nscripts = ["serve.py"]\naction = "skip"\n'
+    path = project_file(world, text + safe)
     policy, project = load(world)
-    assert project.status == "error" and project.path == str(path)
-    assert_one_warning(policy, path, key)
-    assert not any(c.source.layer == "project" for c in policy.configs)
+    assert project.status == "found" and project.path == str(path)
+    assert_one_warning(policy, path, key, "ignored")
+    (config,) = [c for c in policy.configs if c.source.layer == "project"]
+    assert config.allocator == {} and config.trusted_dirs == ()
+    assert "safe" in [r.name for r in config.rules]
+    assert all(r.allocator == {} and r.action in ("apply", "skip") for r in config.rules)
 
 
 @pytest.mark.hook
@@ -102,8 +108,10 @@ def test_hostile_keys_cost_one_warning_and_the_file(world: Path, text: str, key:
 def test_hostile_pyproject_tables(world: Path, text: str, fragments: tuple) -> None:
     path = project_file(world, text, "pyproject.toml")
     policy, project = load(world)
-    assert project.status == "error"
+    # a table that is not one is no policy at all; a hostile key in one is left out
+    assert project.status == ("error" if "must be a table" in fragments[0] else "found")
     assert_one_warning(policy, path, *fragments)
+    assert not any(c.trusted_dirs for c in policy.configs)
 
 
 # -- ownership ---------------------------------------------------------------------------------

@@ -1,0 +1,274 @@
+"""What autoalloc says, word for word: each message names what to fix and how.
+
+Policy errors name the rule as a person counts it (``rule 2 ("my-asr-train")``) and suggest
+the closest valid key or value; a mistake costs only the part of the file it is in; policy
+warnings survive a blanket ``UserWarning`` filter; ``autoalloc init`` writes a file that
+changes nothing until edited; ``explain`` puts the decision first; ``doctor``'s headline says
+what to run to check a job.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from autoalloc import __version__, cli, decide, sources
+from autoalloc.entrypoint import EntryPoint
+from autoalloc.explain import explain, render
+from autoalloc.policy import LayerConfig, Source, salvage, summarize, validate
+from tests.conftest import Sandbox, autoalloc_warnings
+
+SRC = Source("project", "/p/autoalloc.toml")
+NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
+
+
+def problems(data: dict) -> str:
+    return summarize(salvage(data, SRC)[1])
+
+
+# -- policy errors: the rule, counted from 1, and the closest valid word ----------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "text"),
+    [
+        (
+            {"rules": [{"name": "a", "scripts": ["x.py"]},
+                       {"name": "my-asr-train", "scripts": ["t.py"],
+                        "allocator": {"expandable_segment": True}}]},
+            'rule 2 ("my-asr-train"): unknown allocator option \'expandable_segment\' '
+            "\N{EM DASH} did you mean 'expandable_segments'? The option 'expandable_segment' is "
+            "ignored. The rest of the file applies.",
+        ),
+        (
+            {"rules": [{"name": "my-asr-train", "scripst": ["t.py"]}]},
+            'rule 1 ("my-asr-train"): unknown key \'scripst\' \N{EM DASH} did you mean '
+            "'scripts'? Rule 1 is ignored. The rest of the file applies.",
+        ),
+        (
+            {"rules": [{"name": "serve", "scripts": ["s.py"], "action": "skp"}]},
+            "rule 1 (\"serve\"): action must be 'apply' or 'skip', not 'skp' \N{EM DASH} did you "
+            "mean 'skip'? Rule 1 is ignored. The rest of the file applies.",
+        ),
+        (
+            {"on_conflict": "overide"},
+            "on_conflict must be 'keep' or 'override', not 'overide' \N{EM DASH} did you mean "
+            "'override'? The setting 'on_conflict' is ignored. The rest of the file applies.",
+        ),
+        (
+            {"disabel": ["hf-asr-examples"]},
+            "unknown key 'disabel' \N{EM DASH} did you mean 'disable'? The setting 'disabel' is "
+            "ignored. The rest of the file applies.",
+        ),
+        (
+            {"allocator": {"garbage_collection_treshold": 0.8}},
+            "unknown allocator option 'garbage_collection_treshold' \N{EM DASH} did you mean "
+            "'garbage_collection_threshold'? The option 'garbage_collection_treshold' is "
+            "ignored. The rest of the file applies.",
+        ),
+        (
+            {"allocator": {"backend": "cudaMallocAsyn"}},
+            "allocator.backend: must be one of 'native', 'cudaMallocAsync' \N{EM DASH} did you "
+            "mean 'cudaMallocAsync'? The option 'backend' is ignored. The rest of the file "
+            "applies.",
+        ),
+        (
+            {"rules": [{"name": "a", "scripts": ["x.py"]}, {"name": "a", "scripts": ["y.py"]}]},
+            "rule 2: another rule is already named 'a'. Rule 2 is ignored. The rest of the file "
+            "applies.",
+        ),
+        (
+            {"allocator": {"zzz": 1}},  # nothing close: no suggestion
+            "unknown allocator option 'zzz'. The option 'zzz' is ignored. The rest of the file "
+            "applies.",
+        ),
+    ],
+)
+def test_policy_error_text(data: dict, text: str) -> None:
+    assert problems(data) == text
+
+
+def test_many_problems_are_counted_not_listed() -> None:
+    data = {"rules": [{"name": f"r{i}", "scripts": ["x"], "action": "no"} for i in range(5)]}
+    text = problems(data)
+    assert text.endswith(" (2 more: run `autoalloc check`.) The rest of the file applies.")
+    assert text.count("is ignored.") == 3
+
+
+def test_a_valid_file_is_validated_once_and_says_nothing() -> None:
+    data = {"rules": [{"name": "a", "scripts": ["x.py"]}]}
+    config, found = salvage(data, SRC)
+    assert found == () and config == validate(data, SRC) and summarize(found) == ""
+
+
+# -- a typo in one rule costs that rule only ---------------------------------------------------
+
+
+@pytest.fixture
+def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user"))
+    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "site"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "proj").mkdir()
+    return tmp_path
+
+
+POLICY = """\
+[[rules]]
+name = "my-inference"
+scripts = ["**/infer*.py"]
+action = "skip"
+
+[[rules]]
+name = "broken"
+scripts = ["**/other*.py"]
+action = "aply"
+
+[[rules]]
+name = "my-asr-train"
+scripts = ["**/train_asr*.py"]
+allocator = { expandable_segment = true, garbage_collection_threshold = 0.8 }
+"""
+
+
+def decide_for(world: Path, script: str) -> decide.Decision:
+    path = str(world / "proj" / script)
+    entry = EntryPoint("script", path, (), path, path)
+    policy = sources.load(entry, {}, str(world / "proj"))
+    return decide.decide(policy, entry, {}, None)
+
+
+def test_typo_in_one_rule_keeps_deny_and_allow_rules(world: Path) -> None:
+    path = world / "proj" / "autoalloc.toml"
+    path.write_text(POLICY)
+    train = decide_for(world, "train_asr.py")
+    assert (train.action, train.rule) == ("apply", "my-asr-train")
+    assert train.requested == {
+        "expandable_segments": "True",
+        "garbage_collection_threshold": "0.8",
+    }
+    infer = decide_for(world, "infer.py")
+    assert (infer.action, infer.rule) == ("skip", "my-inference")
+    assert decide_for(world, "other.py").action == "none"
+    (warning,) = [w for w in train.warnings if str(path) in w]
+    assert warning == (
+        f"autoalloc: in the project policy {path}: rule 2 (\"broken\"): action must be 'apply' "
+        "or 'skip', not 'aply' \N{EM DASH} did you mean 'apply'? Rule 2 is ignored. "
+        'rule 3 ("my-asr-train"): unknown allocator option \'expandable_segment\' '
+        "\N{EM DASH} did you mean 'expandable_segments'? The option 'expandable_segment' is "
+        "ignored. The rest of the file applies."
+    )
+
+
+def test_a_file_that_is_not_toml_is_one_sentence(world: Path) -> None:
+    path = world / "proj" / "autoalloc.toml"
+    path.write_text("enabled = [unclosed\n")
+    (warning,) = decide.layer_warnings(sources.load(EntryPoint("unknown"), {}, str(path.parent)))
+    assert warning.startswith(f"autoalloc: ignoring the project policy {path}: not valid TOML: ")
+
+
+# -- policy warnings survive a blanket UserWarning filter --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "shown"),
+    [
+        (["-W", "ignore::UserWarning"], {}, True),
+        ([], {"PYTHONWARNINGS": "ignore::UserWarning"}, True),
+        (["-W", "ignore:autoalloc"], {}, False),  # silenced only when autoalloc is named
+    ],
+)
+def test_policy_warning_survives_userwarning_filter(
+    sandbox: Sandbox, args: list[str], env: dict, shown: bool
+) -> None:
+    bad = sandbox.write("autoalloc.toml", '[allocator]\nexpandable_segment = true\n')
+    script = sandbox.write("train.py", "import torch\n")
+    result = sandbox.run([*args, str(script)], env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    said = autoalloc_warnings(result.stderr)
+    if not shown:
+        assert said == []
+        return
+    (line,) = said
+    assert line.endswith(
+        f"AutoallocWarning: autoalloc: in the project policy {bad}: unknown allocator option "
+        "'expandable_segment' \N{EM DASH} did you mean 'expandable_segments'? The option "
+        "'expandable_segment' is ignored. The rest of the file applies."
+    )
+
+
+# -- autoalloc check: counts and sentences -----------------------------------------------------
+
+
+def test_check_says_rule_and_rules(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    one = tmp_path / "one.toml"
+    one.write_text('[[rules]]\nname = "a"\nscripts = ["x.py"]\n')
+    two = tmp_path / "two.toml"
+    two.write_text(
+        '[[rules]]\nname = "a"\nscripts = ["x.py"]\n[[rules]]\nname = "b"\nmodules = ["m"]\n'
+    )
+    broken = tmp_path / "broken.toml"
+    broken.write_text("enabled = \n")
+    assert cli.main(["check", str(one), str(two)]) == 0
+    assert capsys.readouterr().out == f"ok     {one}  (1 rule)\nok     {two}  (2 rules)\n"
+    assert cli.main(["check", str(broken)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(f"error  {broken}: not valid TOML: ")
+    assert out.endswith("; the file is ignored\n")
+
+
+# -- autoalloc init: a starter that changes nothing until edited -------------------------------
+
+
+def test_init_writes_an_inert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["init"]) == 0
+    text = (tmp_path / "autoalloc.toml").read_text()
+    source = Source("project", str(tmp_path / "autoalloc.toml"))
+    assert validate(sources.parse_toml(text.encode()), source) == LayerConfig(source)
+    # every example in it is valid once uncommented
+    example = re.compile(r"# (\[|\w+ = )")
+    uncommented = "\n".join(line[2:] for line in text.splitlines() if example.match(line))
+    config = validate(sources.parse_toml(uncommented.encode()), source)
+    assert [r.name for r in config.rules] == ["my-asr-train", "my-inference"]
+    assert config.enabled is False and config.disable == ("hf-asr-examples",)
+
+
+# -- explain: the decision first, the deciding rule marked, built-in rules collapsed -----------
+
+
+def test_explain_text_puts_the_decision_first(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "u"),
+           "XDG_CONFIG_DIRS": str(tmp_path / "s")}
+    report = explain(["python", NEMO], env=env, cwd=str(tmp_path))
+    lines = render(report).splitlines()
+    builtin = sources.BUILTIN_PATH
+    assert lines[0] == f"decision:     apply  rule nemo-asr-train from builtin ({builtin})"
+    assert lines[1] == "because:      script matches '**/examples/asr/**/speech_to_text_*.py'"
+    rules = lines[lines.index("rules, in match order (> decides):") + 1 :]
+    assert rules[0].startswith("> apply nemo-asr-train           [builtin]  ")
+    hidden = len(report["rules"]) + len(report["inactive_rules"]) - 1
+    assert rules[1:] == [
+        f"  ({hidden} more built-in rules that cannot decide this command: "
+        "autoalloc explain --verbose lists them)"
+    ]
+    verbose = render(report, verbose=True).splitlines()
+    assert not any("--verbose lists them" in line for line in verbose)
+    for rule in report["rules"]:
+        assert any(f" {rule['name']} " in line for line in verbose)
+
+
+# -- doctor: a headline a user understands ----------------------------------------------------
+
+
+def test_doctor_headline(sandbox: Sandbox) -> None:
+    result = sandbox.run(["-m", "autoalloc", "doctor"])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (
+        f"autoalloc {__version__}: OK: nothing to do in this process (no rule matches "
+        '"autoalloc doctor" itself); to check a job, run "autoalloc explain -- CMD" or '
+        '"autoalloc ab -- CMD"'
+    )
+
