@@ -6,7 +6,7 @@ and the notes, but performs none of them; ``hook`` carries them out, ``explain``
 ``allocconf.serialize`` of validated values merged into a string that ``allocconf.parse``
 accepted, so it is never malformed.
 
-Conflict cases (README "Conflicts"), each said in at most one warning per decision; a
+Conflict cases (docs/conflicts.md), each said in at most one warning per decision; a
 child process that finds ``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited``
 and says nothing:
 

@@ -21,7 +21,7 @@ What it reports:
   variable torch reads still holds it (run ``autoalloc doctor`` from inside a job, or
   call ``autoalloc.status()`` there, to check what the job's processes get);
 - when this process applied nothing: what a job matching a rule here would be told
-  (the conflicts of item 1 of the README's "Conflicts": variables, ``expandable_segments:False``,
+  (the conflicts of docs/conflicts.md: variables, ``expandable_segments:False``,
   ``backend:cudaMallocAsync``, unparseable values, unsupported platforms);
 - the intent (the options autoalloc applied here or inherited) against what torch
   reports, key by key.

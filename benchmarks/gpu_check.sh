@@ -1,23 +1,20 @@
 #!/usr/bin/env bash
-# The GPU check of `autoalloc bench`, as one prepared script for a lent GPU machine
-# (README "Performance"). Two steps:
+# A one-shot GPU check of `autoalloc bench` for a GPU machine without package-index access
+# (docs/performance.md). Two steps:
 #
-#   1. here, where pip reaches the package index:
+#   1. where pip reaches the package index:
 #        bash benchmarks/gpu_check.sh --prepare
 #      builds autoalloc's wheel and fetches platformdirs (its one dependency) into .whl/
-#      (git-ignored), since the GPU machine reaches no index.
-#   2. on the GPU machine (the device tool: command "bash benchmarks/gpu_check.sh",
-#      carry [".whl"], timeout_s 600):
-#        installs autoalloc into the machine's python3 (which has torch with CUDA), checks
-#        that the startup hook is live, runs `autoalloc bench --quick`, then `autoalloc ab
-#        --steps 100 --repeat 2 -- python -m autoalloc.bench.workload ...` at the memory cap
-#        the quick run calibrated, then the full A/B, within GPU_CHECK_LIMIT seconds (default
-#        560: --deadline makes the A/B skip runs rather than overrun), and writes
-#        quick.json/.png, ab.json/.png, full.json/.png and gpu_check.log under $OUT
-#        (default benchmarks/out/gpu_check).
-#
-# Copy the results to benchmarks/results/<date>-<gpu>-{quick,full}.{json,png} and commit
-# them with the figures quoted in README.
+#      (git-ignored).
+#   2. on the GPU machine, in a copy of this checkout with .whl/:
+#        bash benchmarks/gpu_check.sh
+#      installs autoalloc into the machine's python3 (which has torch with CUDA), checks
+#      that the startup hook is live, runs `autoalloc bench --quick`, then `autoalloc ab
+#      --steps 100 --repeat 2 -- python -m autoalloc.bench.workload ...` at the memory cap
+#      the quick run calibrated, then the full A/B, within GPU_CHECK_LIMIT seconds (default
+#      560: --deadline makes the A/B skip runs rather than overrun), and writes
+#      quick.json/.png, ab.json/.png, full.json/.png and gpu_check.log under $OUT
+#      (default benchmarks/out/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,7 +41,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 "$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 
 echo "== install autoalloc (from .whl/, no index)"
-ls .whl/autoalloc-*.whl .whl/platformdirs-*.whl || { echo "no wheels: run 'bash benchmarks/gpu_check.sh --prepare' here and carry .whl"; exit 2; }
+ls .whl/autoalloc-*.whl .whl/platformdirs-*.whl || { echo "no wheels: run 'bash benchmarks/gpu_check.sh --prepare' where pip reaches the index, and copy .whl/ along"; exit 2; }
 if ! "$PY" -m pip install -q --no-index --no-deps --force-reinstall .whl/platformdirs-*.whl .whl/autoalloc-*.whl; then
     # python3's environment is not writable: a venv of our own that sees its packages.
     echo "installing into a venv beside python3's environment instead"

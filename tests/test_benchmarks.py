@@ -1,7 +1,7 @@
 """The benchmarks keep working: ``benchmarks/startup.py --quick``, ``autoalloc bench``'s CPU smoke.
 
 These run the real scripts end to end but never assert a timing: the figures belong in
-README's Performance section, measured on purpose, not in a test on a busy machine.
+docs/performance.md, measured on purpose, not in a test on a busy machine.
 The comparison, table and plot that ``autoalloc bench`` shares with ``autoalloc ab`` are
 fed GPU-shaped figures in tests/test_ab.py.
 """

@@ -1,0 +1,179 @@
+"""The README and docs/ cannot drift from the product: what they show is run or checked here.
+
+Convention: a fenced block opened with ```` ```bash runnable ```` is run as it stands, with
+``bash -eu``, in a fresh directory holding a few stand-in files (``path/to/train.py``,
+``my_script.py``, a NeMo-like trainer path), with the test venv's ``autoalloc`` first on
+``PATH`` and an empty home, so it must exit 0. Only cheap commands are marked runnable
+(``explain``, ``doctor``, ``init``, ``check``, ``report``); commands that need a GPU or run
+long are shown in plain ```` ```bash ```` blocks. Every ``autoalloc`` command line shown
+anywhere (a line of a ``bash``/``sh``/``console`` block, a ``$ `` line of any block, or an
+inline code span starting with ``autoalloc ``) must at least parse with the CLI's own
+argparse parsers, every ```` ```toml ```` block must be a policy with no mistake in it, and
+every relative link must point at a file that exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoalloc import cli
+from autoalloc.bench import command as bench_command
+from autoalloc.policy import Source, salvage
+from autoalloc.sources import parse_toml
+from tests.conftest import REPO, clean_env
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+FENCE = re.compile(r"^```(.*)$")
+SHELLS = ("bash", "sh", "shell", "console")
+STAND_INS = {
+    "path/to/train.py": "import torch\n",
+    "my_script.py": "import torch\n",
+    "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py": "import torch\n",
+}
+
+
+def blocks(page: Path) -> list[tuple[int, str, str]]:
+    """(line number, info string, text) of each fenced block of a Markdown page."""
+    out, info, start, body = [], None, 0, []
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        fence = FENCE.match(line)
+        if fence and info is None:
+            info, start, body = fence.group(1).strip(), number, []
+        elif line.startswith("```") and info is not None:
+            out.append((start, info, "\n".join(body) + "\n"))
+            info = None
+        elif info is not None:
+            body.append(line)
+    assert info is None, f"{page}: unclosed fence at line {start}"
+    return out
+
+
+def _all_blocks() -> list[tuple[Path, int, str, str]]:
+    return [(page, n, info, text) for page in PAGES for n, info, text in blocks(page)]
+
+
+def _id(page: Path, line: int) -> str:
+    return f"{page.relative_to(REPO)}:{line}"
+
+
+RUNNABLE = [(p, n, t) for p, n, info, t in _all_blocks() if info.split() == ["bash", "runnable"]]
+TOML = [(p, n, t) for p, n, info, t in _all_blocks() if info == "toml"]
+
+
+def test_the_docs_have_runnable_blocks() -> None:
+    assert {p.name for p, _, _ in RUNNABLE} >= {"README.md", "commands.md"}
+
+
+@pytest.mark.parametrize(
+    ("page", "line", "text"), RUNNABLE, ids=[_id(p, n) for p, n, _ in RUNNABLE]
+)
+def test_runnable_block(tmp_path: Path, page: Path, line: int, text: str) -> None:
+    for relpath, content in STAND_INS.items():
+        (tmp_path / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / relpath).write_text(content)
+    (tmp_path / "home").mkdir()
+    env = clean_env(tmp_path)
+    env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")])
+    result = subprocess.run(
+        ["bash", "-euc", text], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, f"{_id(page, line)}\n{result.stdout}\n{result.stderr}"
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+# -- every shown command parses -----------------------------------------------------------------
+
+
+def command_lines() -> list[tuple[str, str]]:
+    """(where, command line) of every autoalloc command the pages show."""
+    found = []
+    for page, start, info, text in _all_blocks():
+        shell = (info.split() or [""])[0] in SHELLS
+        for offset, line in enumerate(text.splitlines(), 1):
+            if line.startswith("$ "):
+                line = line[2:]
+            elif not shell:
+                continue
+            found.append((_id(page, start + offset), line))
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            if span.startswith(("autoalloc ", "python -m autoalloc ")):
+                found.append((f"{page.relative_to(REPO)} (inline)", span))
+    # "python -m autoalloc ..." stands for any command, not one
+    return [(where, line) for where, line in found if (_autoalloc_argv(line) or ["..."]) != ["..."]]
+
+
+def _autoalloc_argv(line: str) -> list[str] | None:
+    """The arguments after ``autoalloc`` (or ``python -m autoalloc``) in a shell line, or None."""
+    try:
+        words = shlex.split(line, comments=True)
+    except ValueError:
+        return None
+    for stop, word in enumerate(words):  # the first command of a pipeline or a list
+        if word in ("|", "||", "&&", ";", ">", ">>", "2>", "<"):
+            words = words[:stop]
+            break
+    while words and re.match(r"[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value prefixes
+        words = words[1:]
+    if words[:1] == ["autoalloc"]:
+        return words[1:]
+    if words[:3] == ["python", "-m", "autoalloc"]:
+        return words[3:]
+    return None
+
+
+COMMANDS = command_lines()
+
+
+def test_the_docs_show_commands() -> None:
+    shown = {(_autoalloc_argv(line) or [""])[0] for _, line in COMMANDS}
+    assert shown >= {"explain", "doctor", "init", "check", "ab", "report", "bench"}
+
+
+@pytest.mark.parametrize(("where", "line"), COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_shown_command_parses(where: str, line: str) -> None:
+    argv = _autoalloc_argv(line)
+    assert argv is not None
+    if argv[:1] == ["bench"]:
+        parse, rest = bench_command.parser().parse_args, argv[1:]
+    elif argv[:1] == ["ab"]:
+        rest, command = cli._split_command(argv[1:])  # options, then -- CMD
+        assert command or "inline" in where, f"{where}: {line}"  # inline, `autoalloc ab` names it
+        parse = cli.ab_parser().parse_args
+    else:
+        parse, rest = cli.parser().parse_args, argv
+    try:
+        parse(rest)
+    except SystemExit as exc:  # --help and --version exit 0; a wrong command line exits 2
+        assert exc.code == 0, f"{where}: {line}"
+
+
+# -- every policy example is valid --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("page", "line", "text"), TOML, ids=[_id(p, n) for p, n, _ in TOML])
+def test_policy_example_is_valid(page: Path, line: int, text: str) -> None:
+    table = parse_toml(text.encode())
+    if "tool" in table:
+        table = table["tool"]["autoalloc"]
+    _, problems = salvage(table, Source("user", str(page)), allow_trust=True)
+    assert problems == (), f"{_id(page, line)}: {problems}"
+
+
+# -- links --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_relative_links_exist(page: Path) -> None:
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+        if "://" not in target:
+            assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: {target}"
