@@ -171,7 +171,7 @@ def _value(text: str | None) -> str:
 def render(report: Mapping[str, Any], verbose: bool = False) -> str:
     """The text form of an ``explain`` report: the decision first (what will happen, from
     which rule and file), then what it was made from: the program, the layers, the rules
-    (built-in ones that do not decide this command on one line unless ``verbose``)."""
+    (active built-in ones that cannot decide this command on one line unless ``verbose``)."""
     lines = [*_render_decision(report), *_render_program(report), *_render_policy(report)]
     return "\n".join([*lines, *_render_rules(report, verbose)])
 
@@ -193,11 +193,8 @@ def _render_rules(report: Mapping[str, Any], verbose: bool) -> list[str]:
         note = f"  (enabled by {rule['enabled_by']})" if "enabled_by" in rule else ""
         head = f"{'>' if deciding else ' '} {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
         lines.append(f"{head}  {rule.get('description', '')}{note}".rstrip())
-    for name, why in report["inactive_rules"].items():
-        if verbose or not name.endswith("@builtin"):
-            lines.append(f"  off   {name:<24} {why}")
-        else:
-            hidden += 1
+    for name, why in report["inactive_rules"].items():  # few, and worth knowing: always shown
+        lines.append(f"  off   {name:<24} {why}")
     if hidden:
         lines.append(
             f"  ({hidden} more built-in rule{'' if hidden == 1 else 's'} that cannot decide "

@@ -249,10 +249,11 @@ def test_explain_text_puts_the_decision_first(tmp_path: Path) -> None:
     assert lines[1] == "because:      script matches '**/examples/asr/**/speech_to_text_*.py'"
     rules = lines[lines.index("rules, in match order (> decides):") + 1 :]
     assert rules[0].startswith("> apply nemo-asr-train           [builtin]  ")
-    hidden = len(report["rules"]) + len(report["inactive_rules"]) - 1
+    off = [f"  off   {name:<24} {why}" for name, why in report["inactive_rules"].items()]
     assert rules[1:] == [
-        f"  ({hidden} more built-in rules that cannot decide this command: "
-        "autoalloc explain --verbose lists them)"
+        *off,
+        f"  ({len(report['rules']) - 1} more built-in rules that cannot decide this command: "
+        "autoalloc explain --verbose lists them)",
     ]
     verbose = render(report, verbose=True).splitlines()
     assert not any("--verbose lists them" in line for line in verbose)
