@@ -174,12 +174,12 @@ def _rule_switches(data: dict, where: str) -> dict:
     """A rule's ``enabled`` flag and ``outside`` markers (checkout-relative file paths)."""
     enabled = data.get("enabled", True)
     if not isinstance(enabled, bool):
-        raise PolicyError(f"{where}.enabled must be true or false")
-    outside = _str_list(data["outside"], f"{where}.outside") if "outside" in data else ()
+        raise PolicyError(f"{where}: enabled must be true or false")
+    outside = _str_list(data["outside"], f"{where}: outside") if "outside" in data else ()
     for marker in outside:
         parts = marker.split("/")
         if marker.startswith("/") or "\\" in marker or any(p in ("", ".", "..") for p in parts):
-            raise PolicyError(f"{where}.outside: {marker!r} must be a relative path like "
+            raise PolicyError(f"{where}: outside: {marker!r} must be a relative path like "
                               "'pkg/__init__.py'")
     return {"enabled": enabled, "outside": outside}
 

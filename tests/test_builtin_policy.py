@@ -827,7 +827,7 @@ def test_explain_shows_off_and_enabled_rules(world: Path) -> None:
         ('enable = "tts-train"\n', "enable must be a list of strings"),
         (
             '[[rules]]\nname = "x"\nenabled = "no"\nscripts = ["a.py"]\n',
-            "rules[0] (x).enabled must be true or false",
+            'rule 1 ("x"): enabled must be true or false',
         ),
         (
             '[[rules]]\nname = "x"\nimports = ["m"]\noutside = ["/abs/marker.py"]\n',
