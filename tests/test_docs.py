@@ -172,8 +172,20 @@ def test_policy_example_is_valid(page: Path, line: int, text: str) -> None:
 # -- links --------------------------------------------------------------------------------------
 
 
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of a page."""
+    text = re.sub(r"^```.*?^```", "", page.read_text(encoding="utf-8"), flags=re.S | re.M)
+    headings = re.findall(r"^#+ (.+)$", text, flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
 def test_relative_links_exist(page: Path) -> None:
-    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
-        if "://" not in target:
-            assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: {target}"
+    text = page.read_text(encoding="utf-8")
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        path = page.parent / target if target else page
+        assert path.exists(), f"{page.relative_to(REPO)}: {target}"
+        if anchor and path.suffix == ".md":
+            assert anchor in anchors(path), f"{page.relative_to(REPO)}: {target}#{anchor}"
