@@ -105,7 +105,8 @@ class Progress:
         if self.tty:
             self.stream.write("\r\033[K")
         line = f"[{index}/{self.total_runs}] {run.arm} (repeat {run.repeat}): {how}, "
-        print(line + f"{steps} steps, {run.wall_s:.1f} s", file=self.stream, flush=True)
+        counted = f"{steps} step{'' if steps == 1 else 's'}"
+        print(line + f"{counted}, {run.wall_s:.1f} s", file=self.stream, flush=True)
 
 
 def read_reports(directory: str) -> list[dict[str, Any]]:
