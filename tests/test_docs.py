@@ -1,8 +1,8 @@
 """The README and docs/ cannot drift from the product: what they show is run or checked here.
 
 Convention: a fenced block opened with ```` ```bash runnable ```` is run as it stands, with
-``bash -eu``, in a fresh directory holding a few stand-in files (``path/to/train.py``,
-``my_script.py``, a NeMo-like trainer path), with the test venv's ``autoalloc`` first on
+``bash -eu``, in a fresh directory holding a few stand-in files (``path/to/train.py``, a
+three-step CPU training loop; ``my_script.py``; a NeMo-like trainer path), with the test venv's ``autoalloc`` first on
 ``PATH`` and an empty home, so it must exit 0. Only cheap commands are marked runnable
 (``explain``, ``doctor``, ``init``, ``check``, ``report``); commands that need a GPU or run
 long are shown in plain ```` ```bash ```` blocks. Every ``autoalloc`` command line shown
@@ -32,8 +32,18 @@ from tests.conftest import REPO, clean_env
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(.*)$")
 SHELLS = ("bash", "sh", "shell", "console")
+TRAIN = """\
+import torch
+
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(3):
+    opt.zero_grad()
+    model(torch.randn(8, 4)).sum().backward()
+    opt.step()
+"""
 STAND_INS = {
-    "path/to/train.py": "import torch\n",
+    "path/to/train.py": TRAIN,
     "my_script.py": "import torch\n",
     "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py": "import torch\n",
 }
