@@ -191,7 +191,8 @@ def _render_rules(report: Mapping[str, Any], verbose: bool) -> list[str]:
             hidden += 1
             continue
         note = f"  (enabled by {rule['enabled_by']})" if "enabled_by" in rule else ""
-        head = f"{'>' if deciding else ' '} {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
+        mark = ">" if deciding else " "
+        head = f"{mark} {rule['action']:<5} {rule['name']:<24} [{rule['layer']}]"
         lines.append(f"{head}  {rule.get('description', '')}{note}".rstrip())
     for name, why in report["inactive_rules"].items():  # few, and worth knowing: always shown
         lines.append(f"  off   {name:<24} {why}")
