@@ -395,6 +395,8 @@ def salvage(
     for key, value in data.items():
         if key == "rules":
             continue
+        if key == "wrappers" and isinstance(value, list):
+            value = _kept_wrappers(value, source.layer, problems)
         try:
             validate({**top, key: value}, source, allow_trust)
             top[key] = value
@@ -437,6 +439,24 @@ def _kept_options(options: dict, check: Callable[[dict], object], problems: list
             kept[key] = value
         except PolicyError as exc:
             problems.append(_sentence(exc, f"The option {key!r} is ignored."))
+    return kept
+
+
+def _kept_wrappers(items: list, layer: str, problems: list[str]) -> list:
+    """The ``[[wrappers]]`` tables that are valid, each named once; a problem for each other."""
+    kept, names = [], set()
+    for index, item in enumerate(items):
+        try:
+            name = wrappers.validate(item, f"wrapper {index + 1}", layer).name
+        except wrappers.WrapperError as exc:
+            problems.append(_sentence(exc, f"Wrapper {index + 1} is ignored."))
+            continue
+        if name in names:
+            problems.append(f"wrapper {index + 1}: another wrapper is already named {name!r}. "
+                            f"Wrapper {index + 1} is ignored.")
+            continue
+        names.add(name)
+        kept.append(item)
     return kept
 
 

@@ -95,23 +95,26 @@ def validate(data: object, where: str, layer: str) -> Wrapper:
     """One ``[[wrappers]]`` table, checked; raises WrapperError naming the key."""
     if not isinstance(data, dict):
         raise WrapperError(f"{where} must be a table")
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        raise WrapperError(f"{where}: unknown key {unknown[0]!r}")
     name = data.get("name")
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise WrapperError(f"{where}.name must be letters, digits, '-', '_' or '.' (at most 100)")
-    where = f"{where} ({name})"
-    fields: dict = {k: _str_list(data[k], f"{where}.{k}") for k in _LISTS if k in data}
+        raise WrapperError(f"{where}: name must be letters, digits, '-', '_' or '.' (at most 100)")
+    where = f'{where} ("{name}")'
+    unknown = sorted(set(data) - _KEYS)
+    if unknown:
+        from autoalloc.messages import did_you_mean
+
+        hint = did_you_mean(unknown[0], _KEYS)
+        raise WrapperError(f"{where}: unknown key {unknown[0]!r}{hint}")
+    fields: dict = {k: _str_list(data[k], f"{where}: {k}") for k in _LISTS if k in data}
     for key in _FLAGS:
         if key in data and not isinstance(data[key], bool):
-            raise WrapperError(f"{where}.{key} must be true or false")
+            raise WrapperError(f"{where}: {key} must be true or false")
         fields[key] = data.get(key, False)
     if data.get("program", "python") not in ("python", "command"):
-        raise WrapperError(f"{where}.program must be 'python' or 'command'")
+        raise WrapperError(f"{where}: program must be 'python' or 'command'")
     description = data.get("description", "")
     if not isinstance(description, str) or len(description) > _MAX_STR:
-        raise WrapperError(f"{where}.description must be a string")
+        raise WrapperError(f"{where}: description must be a string")
     if not any(fields.get(k) for k in ("modules", "commands", "scripts")):
         raise WrapperError(f"{where} needs at least one of modules, commands, scripts")
     return Wrapper(name, layer, description, program=data.get("program", "python"), **fields)
@@ -121,7 +124,7 @@ def validate_all(data: object, layer: str) -> tuple[Wrapper, ...]:
     """The ``wrappers`` array of a policy file; raises WrapperError."""
     if not isinstance(data, list) or len(data) > _MAX_LIST:
         raise WrapperError("wrappers must be an array of tables ([[wrappers]])")
-    table = tuple(validate(item, f"wrappers[{i}]", layer) for i, item in enumerate(data))
+    table = tuple(validate(item, f"wrapper {i + 1}", layer) for i, item in enumerate(data))
     names = [w.name for w in table]
     for name in names:
         if names.count(name) > 1:

@@ -80,6 +80,12 @@ def problems(data: dict) -> str:
             "applies.",
         ),
         (
+            {"wrappers": [{"name": "myprof", "scripts": ["p.py"]},
+                          {"name": "other", "modules": ["m"], "value_option": ["-o"]}]},
+            'wrapper 2 ("other"): unknown key \'value_option\' \N{EM DASH} did you mean '
+            "'value_options'? Wrapper 2 is ignored. The rest of the file applies.",
+        ),
+        (
             {"allocator": {"zzz": 1}},  # nothing close: no suggestion
             "unknown allocator option 'zzz'. The option 'zzz' is ignored. The rest of the file "
             "applies.",
@@ -95,6 +101,17 @@ def test_many_problems_are_counted_not_listed() -> None:
     text = problems(data)
     assert text.endswith(" (2 more: run `autoalloc check`.) The rest of the file applies.")
     assert text.count("is ignored.") == 3
+
+
+def test_a_bad_wrapper_costs_that_wrapper() -> None:
+    data = {"wrappers": [{"name": "a", "scripts": ["a.py"]}, {"name": "b", "scripts": 1},
+                         {"name": "a", "modules": ["m"]}]}
+    config, found = salvage(data, SRC)
+    assert [w.name for w in config.wrappers] == ["a"]
+    assert found == (
+        'wrapper 2 ("b"): scripts must be a list of strings. Wrapper 2 is ignored.',
+        "wrapper 3: another wrapper is already named 'a'. Wrapper 3 is ignored.",
+    )
 
 
 def test_a_valid_file_is_validated_once_and_says_nothing() -> None:

@@ -561,7 +561,7 @@ def test_user_wrapper_validates_replaces_and_disables() -> None:
     [
         ([{"name": "x"}], "needs at least one of modules, commands, scripts"),
         ([{"name": "x", "modules": ["m"], "flags": ["-q"]}], "unknown key 'flags'"),
-        ([{"name": "x", "modules": "m"}], "wrappers[0] (x).modules must be a list of strings"),
+        ([{"name": "x", "modules": "m"}], 'wrapper 1 ("x"): modules must be a list of strings'),
         ([{"name": "x", "modules": ["m"], "launcher": "yes"}], "launcher must be true or false"),
         (
             [{"name": "x", "modules": ["m"], "program": "shell"}],
