@@ -181,11 +181,13 @@ def _render_rules(report: Mapping[str, Any], verbose: bool) -> list[str]:
         return []
     decided = report["decision"].get("rule")
     watched = set(report.get("import_triggers", ()))
+    training = set(report.get("training_rules", ()))
     lines = ["rules, in match order (> decides):"]
     hidden = 0
     for rule in report["rules"]:
         deciding = rule["name"] == decided
-        watching = watched & set(rule.get("imports", ()))
+        # a rule whose import or optimizer condition is still watched can yet decide
+        watching = watched & set(rule.get("imports", ())) or rule["name"] in training
         can_decide = deciding or rule["layer"] != "builtin" or watching
         if not (verbose or can_decide):
             hidden += 1
