@@ -8,7 +8,7 @@ reads the recorder's, when ``AUTOALLOC_REPORT`` is set), runs the detector, and 
 calls back once: the hook then warns (``advise``) or turns the options on through the runtime
 setter and releases the cached segments (``apply``). On a CPU build nothing is registered.
 
-Thresholds (README "Adaptive"), each with its reason:
+Thresholds (docs/recognition.md, "Adaptive"), each with its reason:
 
 - ``warmup = 20`` steps are ignored: the first steps allocate the optimizer state, cuDNN/cuBLAS
   workspaces and the first batch of each shape, on every allocator setting.
