@@ -77,6 +77,17 @@ RUNNABLE = [(p, n, t) for p, n, info, t in _all_blocks() if info.split() == ["ba
 TOML = [(p, n, t) for p, n, info, t in _all_blocks() if info == "toml"]
 
 
+def test_the_readme_reads_in_two_minutes() -> None:
+    # the reference lives in docs/; the README keeps what a newcomer needs, in that order
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text) < 10_000
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert headings == [
+        "Install", "What is matched out of the box", "Configure", "Commands", "Caveats",
+        "Development",
+    ]
+
+
 def test_the_docs_have_runnable_blocks() -> None:
     assert {p.name for p, _, _ in RUNNABLE} >= {"README.md", "commands.md"}
 
