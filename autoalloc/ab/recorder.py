@@ -310,6 +310,8 @@ class Recorder:
 def _chain_signal(recorder: Recorder, signum: int) -> None:
     try:
         previous = signal.getsignal(signum)
+        if previous is None or previous == signal.SIG_IGN:
+            return  # ignored, or a handler not set from Python: left as it is
         signal.signal(signum, lambda s, f: recorder.on_signal(previous, s, f))
     except (ValueError, OSError, TypeError):  # not the main thread, or an embedded interpreter
         pass
