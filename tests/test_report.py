@@ -233,3 +233,15 @@ def test_ignored_signals_stay_ignored(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "True"]
+
+
+def test_default_sigint_handler_left_in_place(tmp_path: Path) -> None:
+    # asyncio.run, like others, handles Ctrl-C itself only where SIGINT still has Python's
+    # default handler (it checks `is signal.default_int_handler`)
+    code = (
+        "import signal, torch; "
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    result = run(["-c", code], tmp_path, AUTOALLOC_REPORT=str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]

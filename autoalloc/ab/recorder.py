@@ -274,6 +274,8 @@ class Recorder:
         """Write the report (again, with the latest figures, if it was written before)."""
         if os.getpid() != self.pid or (self.ending is not None and ending == "exit"):
             return
+        if ending == "exit" and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+            ending = "SIGINT"  # at exit after an uncaught KeyboardInterrupt: Ctrl-C ended it
         self.ending = ending
         if self.skip_writing():
             return
@@ -312,6 +314,8 @@ def _chain_signal(recorder: Recorder, signum: int) -> None:
         previous = signal.getsignal(signum)
         if previous is None or previous == signal.SIG_IGN:
             return  # ignored, or a handler not set from Python: left as it is
+        if previous is signal.default_int_handler:
+            return  # its KeyboardInterrupt ends the process through atexit (see write)
         signal.signal(signum, lambda s, f: recorder.on_signal(previous, s, f))
     except (ValueError, OSError, TypeError):  # not the main thread, or an embedded interpreter
         pass
