@@ -245,3 +245,18 @@ def test_default_sigint_handler_left_in_place(tmp_path: Path) -> None:
     result = run(["-c", code], tmp_path, AUTOALLOC_REPORT=str(tmp_path / "r.json"))
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True"]
+
+
+def test_sigterm_handler_composed_over_the_recorder_decides(tmp_path: Path) -> None:
+    # Lightning's SignalConnector composes its SIGTERM handler with the one it finds (ours, where
+    # SIGTERM had the default action) and stops training gracefully: the process must not die
+    out = tmp_path / "r.json"
+    code = (
+        "import os, signal, time, torch; prev = signal.getsignal(signal.SIGTERM); "
+        "signal.signal(signal.SIGTERM, lambda s, f: prev(s, f)); "
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.5); print('ALIVE')"
+    )
+    result = run(["-c", code], tmp_path, AUTOALLOC_REPORT=str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ALIVE"]
+    assert json.loads(out.read_text())["ended_by"] == "SIGTERM"  # still written on the signal

@@ -157,6 +157,7 @@ class Recorder:
         self.progress = os.environ.get(PROGRESS_VAR)
         self._reset()
         self.handle: Any = None
+        self.handlers: dict[int, Any] = {}  # signal number -> the handler _chain_signal set
 
     def _reset(self) -> None:
         self.pid = os.getpid()
@@ -303,6 +304,8 @@ class Recorder:
             return previous(signum, frame)  # e.g. Python's KeyboardInterrupt for SIGINT
         if previous == signal.SIG_IGN:
             return None
+        if signal.getsignal(signum) is not self.handlers.get(signum):
+            return None  # a handler set later calls ours (Lightning's): whether to end is its call
         # The default action: die by the signal, as the process would have without us.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -316,7 +319,8 @@ def _chain_signal(recorder: Recorder, signum: int) -> None:
             return  # ignored, or a handler not set from Python: left as it is
         if previous is signal.default_int_handler:
             return  # its KeyboardInterrupt ends the process through atexit (see write)
-        signal.signal(signum, lambda s, f: recorder.on_signal(previous, s, f))
+        handler = recorder.handlers[signum] = lambda s, f: recorder.on_signal(previous, s, f)
+        signal.signal(signum, handler)
     except (ValueError, OSError, TypeError):  # not the main thread, or an embedded interpreter
         pass
 
