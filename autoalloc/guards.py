@@ -365,6 +365,8 @@ def _guard_setter(original: Callable[..., Any], state: Any) -> Callable[..., Any
         _after(original, state, plan, None)
         return result
 
+    # pybind's __qualname__ names no attribute of torch._C: pickle finds the setter by name
+    setter.__qualname__ = getattr(original, "__name__", setter.__qualname__)
     return setter
 
 

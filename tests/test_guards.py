@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import guards
-from tests.conftest import PY, Sandbox, autoalloc_warnings
+from tests.conftest import PY, Sandbox, autoalloc_warnings, clean_env
 
 RULE = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
 PLUGGABLE_C = """
@@ -212,3 +212,17 @@ def test_setter_conflicts_pure() -> None:
     assert guards.setter_conflicts({}, "expandable_segments:False") == []  # autoalloc applied nothing
     assert guards.setter_conflicts({"expandable_segments": "False"}, "expandable_segments:False") == []
     assert guards.setter_conflicts(intent, b"expandable_segments:False") == []
+
+
+def test_guarded_setter_still_pickles(tmp_path: Path) -> None:
+    # torch's C setter pickles by reference (torch._C.<name>); the guard in its place must too
+    code = (
+        "import pickle, torch; s = torch._C._accelerator_setAllocatorSettings; "
+        "print(type(s).__name__, pickle.loads(pickle.dumps(s)) is s)"
+    )
+    env = {**clean_env(tmp_path), "HOME": str(tmp_path)}
+    result = subprocess.run(
+        [PY, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["function", "True"]  # guarded, and still pickles

@@ -212,3 +212,51 @@ def test_report_command_renders_a_directory(
     assert "3.00" in rows[1].split()[6]  # rank 1: 3 device mallocs per step
     assert "device: NVIDIA H200" in out
     assert cli.main(["report", str(tmp_path / "missing.json")]) == 1
+
+
+def test_ignored_signals_stay_ignored(tmp_path: Path) -> None:
+    # a program started with SIGINT ignored (`nohup`, `cmd &` in a script) or that ignores
+    # SIGTERM itself keeps them ignored: no handler that its exec'd children would not inherit
+    code = (
+        "import signal, sys; signal.signal(signal.SIGTERM, signal.SIG_IGN); import torch; "
+        "print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "
+        "signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)"
+    )
+    result = subprocess.run(
+        [PY, "-c", code],
+        cwd=tmp_path,
+        env=env_for(tmp_path, AUTOALLOC_REPORT=str(tmp_path / "r.json")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "True"]
+
+
+def test_default_sigint_handler_left_in_place(tmp_path: Path) -> None:
+    # asyncio.run, like others, handles Ctrl-C itself only where SIGINT still has Python's
+    # default handler (it checks `is signal.default_int_handler`)
+    code = (
+        "import signal, torch; "
+        "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    )
+    result = run(["-c", code], tmp_path, AUTOALLOC_REPORT=str(tmp_path / "r.json"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+
+
+def test_sigterm_handler_composed_over_the_recorder_decides(tmp_path: Path) -> None:
+    # Lightning's SignalConnector composes its SIGTERM handler with the one it finds (ours, where
+    # SIGTERM had the default action) and stops training gracefully: the process must not die
+    out = tmp_path / "r.json"
+    code = (
+        "import os, signal, time, torch; prev = signal.getsignal(signal.SIGTERM); "
+        "signal.signal(signal.SIGTERM, lambda s, f: prev(s, f)); "
+        "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.5); print('ALIVE')"
+    )
+    result = run(["-c", code], tmp_path, AUTOALLOC_REPORT=str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ALIVE"]
+    assert json.loads(out.read_text())["ended_by"] == "SIGTERM"  # still written on the signal

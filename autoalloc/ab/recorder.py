@@ -157,6 +157,7 @@ class Recorder:
         self.progress = os.environ.get(PROGRESS_VAR)
         self._reset()
         self.handle: Any = None
+        self.handlers: dict[int, Any] = {}  # signal number -> the handler _chain_signal set
 
     def _reset(self) -> None:
         self.pid = os.getpid()
@@ -274,6 +275,8 @@ class Recorder:
         """Write the report (again, with the latest figures, if it was written before)."""
         if os.getpid() != self.pid or (self.ending is not None and ending == "exit"):
             return
+        if ending == "exit" and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+            ending = "SIGINT"  # at exit after an uncaught KeyboardInterrupt: Ctrl-C ended it
         self.ending = ending
         if self.skip_writing():
             return
@@ -301,6 +304,8 @@ class Recorder:
             return previous(signum, frame)  # e.g. Python's KeyboardInterrupt for SIGINT
         if previous == signal.SIG_IGN:
             return None
+        if signal.getsignal(signum) is not self.handlers.get(signum):
+            return None  # a handler set later calls ours (Lightning's): whether to end is its call
         # The default action: die by the signal, as the process would have without us.
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -310,7 +315,12 @@ class Recorder:
 def _chain_signal(recorder: Recorder, signum: int) -> None:
     try:
         previous = signal.getsignal(signum)
-        signal.signal(signum, lambda s, f: recorder.on_signal(previous, s, f))
+        if previous is None or previous == signal.SIG_IGN:
+            return  # ignored, or a handler not set from Python: left as it is
+        if previous is signal.default_int_handler:
+            return  # its KeyboardInterrupt ends the process through atexit (see write)
+        handler = recorder.handlers[signum] = lambda s, f: recorder.on_signal(previous, s, f)
+        signal.signal(signum, handler)
     except (ValueError, OSError, TypeError):  # not the main thread, or an embedded interpreter
         pass
 
