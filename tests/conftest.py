@@ -42,7 +42,9 @@ PROBE = textwrap.dedent(
         _s = _torch.cuda.memory._snapshot()["allocator_settings"]
         _report["snapshot_expandable_segments"] = _s["expandable_segments"]
         _report["snapshot_max_split_size"] = _s["max_split_size"]
-    print("AUTOALLOC_PROBE " + _json.dumps(_report), flush=True)
+    # one write: ranks and workers may share the pipe
+    _sys.stdout.write("AUTOALLOC_PROBE " + _json.dumps(_report) + "\\n")
+    _sys.stdout.flush()
     """
 )
 

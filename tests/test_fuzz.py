@@ -539,9 +539,10 @@ FUZZ_SCRIPT = textwrap.dedent(
     import json, os, sys
     import torch
     from autoalloc import allocconf
-    getter = torch._C._accelerator_getAllocatorSettings()
-    setter = torch._C._accelerator_setAllocatorSettings
-    try:
+    getter = None
+    try:  # torch may refuse a user's own malformed value (an INTERNAL ASSERT on 2.13)
+        getter = torch._C._accelerator_getAllocatorSettings()
+        setter = torch._C._accelerator_setAllocatorSettings
         allocconf.parse(getter)
         getattr(setter, "__wrapped__", setter)(getter)
         valid = "yes"
@@ -602,9 +603,12 @@ def test_fuzz_through_real_interpreters(
         lines = [line for line in result.stdout.splitlines() if line.startswith("FUZZ ")]
         assert len(lines) == 1, where
         seen = json.loads(lines[0][5:])
-        assert seen["valid"] == "yes", (seen, where)
+        wrote = bool(decision.writes.keys() & set(ALL_VARS))
+        # What autoalloc wrote torch must accept; a user's own value it left alone is torch's
+        # business (PYTORCH_CUDA_ALLOC_CONF=foo with autoalloc disabled).
+        assert seen["valid"] == "yes" or not wrote, (seen, where)
         expected_env = {k: {**env, **decision.writes}.get(k) for k in ALL_VARS}
         assert seen["env"] == expected_env, where
         assert len(autoalloc_warnings(result.stderr)) == len(decision.warnings), (decision.warnings, where)
-        applied += decision.action == "apply" and bool(decision.writes.keys() & set(ALL_VARS))
+        applied += decision.action == "apply" and wrote
     assert applied * 4 >= len(jobs), applied

@@ -252,7 +252,8 @@ import dataloader
 dist.init_process_group("gloo")
 dataloader.build()
 dist.barrier()
-print("RANK", dist.get_rank(), torch._C._accelerator_getAllocatorSettings())
+# one write per line: the ranks share the pipe, and print() writes its parts one by one
+sys.stdout.write(f"RANK {dist.get_rank()} {torch._C._accelerator_getAllocatorSettings()}\n")
 dist.destroy_process_group()
 """
 
