@@ -83,6 +83,7 @@ def test_ab_runs_both_arms_twice_and_stops_each_run(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "ab.png").exists() == HAS_MATPLOTLIB
 
 
+@pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_ab_on_arm_uses_the_deciding_rule(tmp_path: Path) -> None:
     script = tmp_path / "train_asr_tiny.py"
     script.write_text(Path(TINY).read_text())
@@ -102,6 +103,7 @@ def test_ab_on_arm_uses_the_deciding_rule(tmp_path: Path) -> None:
     assert off["reports"][0]["allocator_settings"]["expandable_segments"] is False
 
 
+@pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_ab_failing_arm_is_shown_with_the_other(tmp_path: Path) -> None:
     result, data = ab(
         tmp_path,

@@ -477,11 +477,12 @@ runpy.run_path(sys.argv[1], run_name="__main__")
     "wrapper",
     [
         ["-m", "cProfile", "-o", "train.prof"],
-        ["-m", "cProfile", "-s", "cumtime"],
-        ["-m", "profile", "-o", "train.prof"],
-        ["-m", "pdb", "-c", "continue"],
-        ["-m", "trace", "--count", "-C", "cover"],
-        ["run_path.py"],
+        # cProfile in the quick run; every other wrapper end to end in the full run
+        pytest.param(["-m", "cProfile", "-s", "cumtime"], marks=pytest.mark.slow),
+        pytest.param(["-m", "profile", "-o", "train.prof"], marks=pytest.mark.slow),
+        pytest.param(["-m", "pdb", "-c", "continue"], marks=pytest.mark.slow),
+        pytest.param(["-m", "trace", "--count", "-C", "cover"], marks=pytest.mark.slow),
+        pytest.param(["run_path.py"], marks=pytest.mark.slow),
     ],
     ids=["cProfile", "cProfile-sort", "profile", "pdb", "trace", "runpy.run_path"],
 )
@@ -716,6 +717,7 @@ def test_lightning_ddp_relaunch_every_rank_one_warning(sandbox: Sandbox) -> None
     assert len(autoalloc_warnings(result.stderr)) == 1
 
 
+@pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_srun_ranks_decide_alike_and_only_rank_0_warns(sandbox: Sandbox) -> None:
     # `srun python train.py`: every task is started on its own, with its own SLURM_* variables
     sandbox.script(NEMO)

@@ -138,6 +138,7 @@ def test_directory_gets_one_file_per_process_with_dataloader_workers(tmp_path: P
     assert [r["steps"] for r in reports] == [6]  # the workers step no optimizer: no file of theirs
 
 
+@pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_directory_gets_one_file_per_torchrun_rank(tmp_path: Path) -> None:
     directory = tmp_path / "reports"
     directory.mkdir()  # an existing directory (no trailing slash needed)

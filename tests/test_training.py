@@ -281,6 +281,7 @@ def test_dataloader_workers_build_nothing_and_say_nothing(sandbox: Sandbox) -> N
     assert autoalloc_warnings(result.stderr) == []
 
 
+@pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_torchrun_every_rank_applies_and_one_message_per_job(sandbox: Sandbox) -> None:
     sandbox.user_policy(
         '[[rules]]\nname = "speech-training"\ntraining = true\nimports = ["soundfile"]\n'
