@@ -27,14 +27,20 @@ class AutoallocWarning(Warning):
     """
 
 
-def did_you_mean(word: object, choices: Iterable[str]) -> str:
-    """`` — did you mean 'x'?`` for the closest of ``choices`` to ``word``, or ``""``."""
+def closest(word: object, choices: Iterable[str]) -> str | None:
+    """The one of ``choices`` closest to ``word`` (a likely typo of it), or None."""
     if not isinstance(word, str):
-        return ""
+        return None
     import difflib  # only when there is a mistake to report
 
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" \N{EM DASH} did you mean {close[0]!r}?" if close else ""
+    return close[0] if close else None
+
+
+def did_you_mean(word: object, choices: Iterable[str]) -> str:
+    """`` — did you mean 'x'?`` for the closest of ``choices`` to ``word``, or ``""``."""
+    meant = closest(word, choices)
+    return f" \N{EM DASH} did you mean {meant!r}?" if meant else ""
 
 
 def debug_enabled() -> bool:

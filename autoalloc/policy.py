@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, get_args
 
 from autoalloc import allocconf, globs, wrappers
-from autoalloc.messages import did_you_mean
+from autoalloc.messages import closest, did_you_mean
 from autoalloc.wrappers import Wrapper
 
 LayerName = Literal["builtin", "site", "user", "project", "env"]
@@ -438,8 +438,22 @@ def _kept_options(options: dict, check: Callable[[dict], object], problems: list
             check({**kept, key: value})
             kept[key] = value
         except PolicyError as exc:
-            problems.append(_sentence(exc, f"The option {key!r} is ignored."))
+            why = _default_instead(key, options)
+            problems.append(_sentence(exc, f"The option {key!r} is ignored{why}."))
     return kept
+
+
+def _default_instead(key: str, options: Mapping) -> str:
+    """Where the option meant by an ignored ``key`` comes from instead, when it has a default.
+
+    A mistyped or invalid ``expandable_segments`` leaves the built-in default in effect, so a
+    run shows ``expandable_segments:True`` beside the warning: say so, not to puzzle.
+    """
+    meant = key if key in allocconf.KEYS else closest(key, allocconf.KEYS)
+    if meant not in DEFAULT_ALLOCATOR or (meant != key and meant in options):
+        return ""
+    default = f"{meant}:{DEFAULT_ALLOCATOR[meant]}"
+    return f"; {meant} then comes from the defaults ([allocator], built-in: {default})"
 
 
 def _kept_wrappers(items: list, layer: str, problems: list[str]) -> list:

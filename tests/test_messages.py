@@ -40,7 +40,21 @@ def problems(data: dict) -> str:
                         "allocator": {"expandable_segment": True}}]},
             'rule 2 ("my-asr-train"): unknown allocator option \'expandable_segment\' '
             "\N{EM DASH} did you mean 'expandable_segments'? The option 'expandable_segment' is "
-            "ignored. The rest of the file applies.",
+            "ignored; expandable_segments then comes from the defaults ([allocator], built-in: "
+            "expandable_segments:True). The rest of the file applies.",
+        ),
+        (  # an invalid value of an option that has a default: the default stays in effect
+            {"allocator": {"expandable_segments": "maybe"}},
+            "allocator.expandable_segments: must be true or false. The option "
+            "'expandable_segments' is ignored; expandable_segments then comes from the "
+            "defaults ([allocator], built-in: expandable_segments:True). The rest of the file "
+            "applies.",
+        ),
+        (  # the typo beside the right key: that one is in effect, nothing more to say
+            {"allocator": {"expandable_segment": True, "expandable_segments": False}},
+            "unknown allocator option 'expandable_segment' \N{EM DASH} did you mean "
+            "'expandable_segments'? The option 'expandable_segment' is ignored. The rest of "
+            "the file applies.",
         ),
         (
             {"rules": [{"name": "my-asr-train", "scripst": ["t.py"]}]},
@@ -175,7 +189,8 @@ def test_typo_in_one_rule_keeps_deny_and_allow_rules(world: Path) -> None:
         "or 'skip', not 'aply' \N{EM DASH} did you mean 'apply'? Rule 2 is ignored. "
         'rule 3 ("my-asr-train"): unknown allocator option \'expandable_segment\' '
         "\N{EM DASH} did you mean 'expandable_segments'? The option 'expandable_segment' is "
-        "ignored. The rest of the file applies."
+        "ignored; expandable_segments then comes from the defaults ([allocator], built-in: "
+        "expandable_segments:True). The rest of the file applies."
     )
 
 
@@ -212,7 +227,8 @@ def test_policy_warning_survives_userwarning_filter(
     assert line.endswith(
         f"AutoallocWarning: autoalloc: in the project policy {bad}: unknown allocator option "
         "'expandable_segment' \N{EM DASH} did you mean 'expandable_segments'? The option "
-        "'expandable_segment' is ignored. The rest of the file applies."
+        "'expandable_segment' is ignored; expandable_segments then comes from the defaults "
+        "([allocator], built-in: expandable_segments:True). The rest of the file applies."
     )
 
 
