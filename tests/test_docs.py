@@ -210,3 +210,44 @@ def test_relative_links_exist(page: Path) -> None:
         assert path.exists(), f"{page.relative_to(REPO)}: {target}"
         if anchor and path.suffix == ".md":
             assert anchor in anchors(path), f"{page.relative_to(REPO)}: {target}#{anchor}"
+
+
+# -- warning filters ----------------------------------------------------------------------------
+
+WARNING_FILTER = re.compile(r"(?:-W\s+|PYTHONWARNINGS=)[\"']?([^\s`\"')]+)")
+
+
+def warning_filters() -> list[tuple[str, str]]:
+    """(pages, filter) of every ``-W`` option and ``PYTHONWARNINGS`` value the pages show."""
+    found: dict[str, list[str]] = {}
+    for page in PAGES:
+        for value in WARNING_FILTER.findall(page.read_text(encoding="utf-8")):
+            found.setdefault(value, []).append(page.name)
+    return sorted((" ".join(sorted(set(pages))), value) for value, pages in found.items())
+
+
+FILTERS = warning_filters()
+
+
+def test_the_docs_say_how_to_silence_autoalloc() -> None:
+    named = {value for _, value in FILTERS if "autoalloc" in value.lower()}
+    assert named == {"ignore:autoalloc"}, FILTERS  # one form, everywhere
+
+
+@pytest.mark.parametrize(("where", "value"), FILTERS, ids=[v for _, v in FILTERS])
+def test_shown_warning_filter_works(tmp_path: Path, where: str, value: str) -> None:
+    """Python accepts the filter as given (-W and PYTHONWARNINGS alike), and it silences an
+    autoalloc warning exactly when it names autoalloc or ignores everything."""
+    (tmp_path / "home").mkdir()
+    warn = "from autoalloc.messages import warn; warn('a policy file has a mistake')"
+    # -W error: autoalloc's advice never becomes an exception (the warning is dropped instead)
+    silenced = "autoalloc" in value.lower() or value in ("ignore", "error")
+    for flag, extra in ((["-W", value], {}), ([], {"PYTHONWARNINGS": value})):
+        result = subprocess.run(
+            [sys.executable, *flag, "-c", warn], cwd=tmp_path, env={**clean_env(tmp_path), **extra},
+            capture_output=True, text=True, timeout=60,
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Invalid -W option" not in result.stderr, f"{where}: {value}: {result.stderr}"
+        said = "AutoallocWarning: autoalloc: a policy file has a mistake" in result.stderr
+        assert said is not silenced, f"{where}: {value}: {result.stderr}"
