@@ -6,18 +6,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 VENV=${AUTOALLOC_DEMO_VENV:-.venv}
-quiet_pip() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^$' || true; }
+source scripts/pip_install.sh
 if [ ! -x "$VENV/bin/python" ]; then
     echo "creating $VENV ..."
     "$PYTHON" -m venv "$VENV"
 fi
 has_torch="import torch; assert torch.__version__.startswith('2.13.0')"
 if ! "$VENV/bin/python" -c "$has_torch" 2>/dev/null; then
-    echo "installing torch 2.13 (CPU) into $VENV ..."
-    quiet_pip "$VENV/bin/python" -m pip install -q torch==2.13.0 numpy
+    echo "installing torch 2.13 (CPU) into $VENV (a line per package) ..."
+    pip_install "$VENV/bin/python" torch==2.13.0 numpy
 fi
 echo "installing autoalloc (this checkout) into $VENV ..."
-quiet_pip "$VENV/bin/python" -m pip install -q .
+pip_install "$VENV/bin/python" .
 echo
 
 demo=$(mktemp -d)

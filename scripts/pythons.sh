@@ -7,6 +7,7 @@
 # A venv is reinstalled only when pyproject.toml changed since its last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pip_install.sh
 SKIP=""
 if [ "${1:-}" = "--skip" ]; then SKIP=$2; shift 2; fi
 found=0
@@ -24,8 +25,7 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
         echo "installing autoalloc, pytest and hypothesis into $venv ..."
-        "$venv/bin/python" -m pip install -q -e . pytest hypothesis 2>&1 \
-            | grep -v -e '^WARNING: Location' || true
+        pip_install "$venv/bin/python" -e . pytest hypothesis
         echo "$want" > "$stamp"
     fi
     echo "== hook tests on $("$venv/bin/python" --version)"

@@ -14,7 +14,7 @@ if [ "${1:-}" = "--full" ]; then FULL=1; shift; fi
 PYTHON=${PYTHON:-python3}
 VENV=${AUTOALLOC_TEST_VENV:-.venv-test}
 
-quiet_pip() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e '^$' || true; }
+source scripts/pip_install.sh
 
 # ensure_venv VENV WHAT PIP-ARGS...: create VENV if needed and install PIP-ARGS into it, unless
 # it was installed from these very project files with these very arguments.
@@ -32,8 +32,8 @@ ensure_venv() {
         echo "creating $venv ..."
         "$PYTHON" -m venv "$venv"
     fi
-    echo "installing $what into $venv ..."
-    quiet_pip "$venv/bin/python" -m pip install -q "$@"
+    echo "installing $what into $venv (a line per package) ..."
+    pip_install "$venv/bin/python" "$@"
     echo "$want" > "$stamp"
 }
 
