@@ -15,7 +15,8 @@ module alive through the armed watcher until late interpreter shutdown, which co
 
 import sys
 
-# The environment variables autoalloc reads or writes, named once for every module.
+# The environment variables this module reads: its own copies of autoalloc.envvars' names (it
+# must import nothing of the package); tests/test_layout.py checks that they agree.
 DISABLE_VAR = "AUTOALLOC_DISABLE"  # switch autoalloc off for this process and its children
 DEBUG_VAR = "AUTOALLOC_DEBUG"  # trace each decision to stderr
 CONFIG_VAR = "AUTOALLOC_CONFIG"  # the highest policy layer: a file named by the user

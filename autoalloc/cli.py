@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autoalloc import __version__, sources
-from autoalloc._startup import CONFIG_VAR
+from autoalloc.envvars import CONFIG_VAR
 
 STARTER = """\
 # autoalloc policy (WHERE). Everything below is commented out: this file changes nothing

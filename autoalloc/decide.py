@@ -31,9 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from autoalloc import allocconf
-from autoalloc._startup import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.allocconf import ALL_VARS, ALLOC_VAR, CUDA_VAR, HIP_VAR
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.match import first_match
 from autoalloc.policy import Policy, Rule, Valued
 from autoalloc.torchinfo import TorchInfo
@@ -41,7 +41,7 @@ from autoalloc.torchinfo import TorchInfo
 # ORIGINAL_VAR holds what the allocator variables held before autoalloc wrote them (JSON;
 # null = unset), so a child that a skip rule denies (a vLLM server started by a training
 # job) gets them back.
-__all__ = ["APPLIED_VAR", "ORIGINAL_VAR", "Action", "Decision", "decide", "disabled", "resolve"]
+__all__ = ["Action", "Decision", "decide", "disabled", "resolve"]
 ISSUE_119452 = "https://github.com/pytorch/pytorch/issues/119452"
 ISSUE_123548 = "https://github.com/pytorch/pytorch/issues/123548"
 SEGMENTS = "expandable_segments"

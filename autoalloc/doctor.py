@@ -41,9 +41,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autoalloc import __version__, allocconf
-from autoalloc._startup import DISABLE_VAR, truthy
 from autoalloc.allocconf import ALL_VARS
-from autoalloc.decide import APPLIED_VAR, Decision, parse_applied, platform_notes
+from autoalloc.decide import Decision, parse_applied, platform_notes
+from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
 from autoalloc.plan import first_apply_rule, plan
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
@@ -129,7 +129,7 @@ def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bo
     live = armed or decided
     if not live:
         if truthy(os.environ.get(DISABLE_VAR)):
-            why.append("AUTOALLOC_DISABLE is set")
+            why.append(f"{DISABLE_VAR} is set")
             opted_out = True
         if sys.flags.isolated:
             why.append("python -I (isolated mode): autoalloc stays off")

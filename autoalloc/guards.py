@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autoalloc import allocconf, messages
+from autoalloc.envvars import ORIGINAL_VAR, global_rank
 
 _SETTERS = (
     "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"
@@ -114,7 +115,7 @@ def _user_string(decision: Any, env: Mapping[str, str]) -> tuple[str | None, str
     """The variable the user set that torch reads, and its value before autoalloc changed it."""
     if decision.action == "inherited":
         try:
-            original = json.loads(env.get("AUTOALLOC_ORIGINAL") or "null")
+            original = json.loads(env.get(ORIGINAL_VAR) or "null")
         except ValueError:
             original = None
         if not isinstance(original, dict):  # the parent wrote nothing: the string is the user's
@@ -174,7 +175,7 @@ def _skip() -> tuple[str, ...]:
 def _secondary() -> bool:
     """A process whose siblings make the same calls: a rank other than global rank 0, or a
     DataLoader worker other than worker 0 (one warning per job, not one per process)."""
-    if os.environ.get("RANK", "0").strip() not in ("", "0"):
+    if global_rank():
         return True
     worker = sys.modules.get("torch.utils.data._utils.worker")
     info = getattr(worker, "_worker_info", None)

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 from autoalloc import entrypoint, messages, torchinfo
-from autoalloc._startup import WARNED_VAR
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.envvars import REPORT_VAR, WARNED_VAR
 from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
@@ -90,7 +90,7 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             from autoalloc import guards
 
             guards.install(STATE)
-            if os.environ.get("AUTOALLOC_REPORT"):  # the measurement half, only when asked for
+            if os.environ.get(REPORT_VAR):  # the measurement half, only when asked for
                 from autoalloc.ab import recorder
 
                 recorder.install()

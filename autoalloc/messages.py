@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterable
 
-from autoalloc._startup import DEBUG_VAR, truthy
+from autoalloc.envvars import DEBUG_VAR, global_rank, truthy
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -129,23 +129,11 @@ def apply_warnoptions() -> None:
             pass
 
 
-# Global rank of a process that a job launcher started on its own (srun, mpirun, torchrun):
-# every rank decides the same, so only rank 0 speaks, as distributed trainers do.
-RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-
-def global_rank() -> int | None:
-    """This process's global rank in a distributed job, from the first rank variable set."""
-    for name in RANK_VARS:
-        value = os.environ.get(name, "").strip()
-        if value:
-            return int(value) if value.isdigit() else None
-    return None
-
-
 def warn(message: str, stacklevel: int | None = None, skip: tuple[str, ...] = ()) -> None:
     """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:`` (on global rank 0)."""
     try:
+        # Every rank of a job that a launcher started on its own (srun, mpirun, torchrun)
+        # decides the same, so only global rank 0 speaks, as distributed trainers do.
         rank = global_rank()
         if rank:
             debug(f"rank {rank}, not warning (rank 0 does): {message}")

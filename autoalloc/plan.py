@@ -15,9 +15,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autoalloc import messages, sources, wrappers
-from autoalloc._startup import DISABLE_VAR, truthy
 from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.envvars import DISABLE_VAR, truthy
 from autoalloc.policy import Policy
 from autoalloc.torchinfo import TorchInfo
 

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autoalloc import messages, wrappers
-from autoalloc._startup import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.envvars import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.policy import (
     LayerConfig,
     LayerName,

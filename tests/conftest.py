@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc.messages import RANK_VARS
+from autoalloc.envvars import RANK_VARS
 
 REPO = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -14,8 +14,9 @@ import textwrap
 import pytest
 
 from autoalloc import allocconf
-from autoalloc.decide import APPLIED_VAR, ORIGINAL_VAR, Decision, decide
+from autoalloc.decide import Decision, decide
 from autoalloc.entrypoint import EntryPoint
+from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.policy import Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
 from tests.conftest import CUDA_PY, ES, PROBE, Sandbox, autoalloc_warnings, probe_result

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autoalloc import allocconf
+from autoalloc.envvars import DISABLE_VAR
 
 ES = "expandable_segments"
 
@@ -63,7 +64,7 @@ def ab_arms(
         on = Arm(
             "on",
             cmd,
-            {"AUTOALLOC_DISABLE": None},
+            {DISABLE_VAR: None},
             _intent(options),
             f"autoalloc's hook applies rule {decision['rule']} ({decision['rule_source']}): "
             + allocconf.serialize(options),
@@ -76,7 +77,7 @@ def ab_arms(
         on = Arm(
             "on",
             cmd,
-            {"AUTOALLOC_DISABLE": "1", var: value},
+            {DISABLE_VAR: "1", var: value},
             _intent(options),
             f"no rule applies options to this command ({why}): the policy's [allocator] defaults "
             f"({', '.join(origins)}), set by ab in {var}={value}" + (f"; {note}" if note else ""),
@@ -85,9 +86,9 @@ def ab_arms(
     off = Arm(
         "off",
         cmd,
-        {"AUTOALLOC_DISABLE": "1", var: off_value},
+        {DISABLE_VAR: "1", var: off_value},
         False,
-        f"AUTOALLOC_DISABLE=1 and {var}={off_value}" + (f"; {note}" if note else ""),
+        f"{DISABLE_VAR}=1 and {var}={off_value}" + (f"; {note}" if note else ""),
     )
     return [on, off]
 

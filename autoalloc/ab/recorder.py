@@ -30,10 +30,16 @@ import threading
 import time
 from typing import Any, Literal
 
-REPORT_VAR = "AUTOALLOC_REPORT"
-WARMUP_VAR = "AUTOALLOC_REPORT_WARMUP"
-STOP_VAR = "AUTOALLOC_AB_STOP_AFTER"
-PROGRESS_VAR = "AUTOALLOC_AB_PROGRESS"
+from autoalloc.envvars import (
+    APPLIED_VAR,
+    PROGRESS_VAR,
+    REPORT_VAR,
+    STOP_VAR,
+    WARMUP_VAR,
+    global_rank,
+    rank_vars,
+)
+
 DEFAULT_WARMUP = 20
 COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
 SCHEMA = "autoalloc-report/1"
@@ -50,27 +56,16 @@ def _int_env(name: str, default: int | None) -> int | None:
         return default
 
 
-def rank() -> dict[str, int]:
-    """The torch.distributed / SLURM / MPI rank variables of this process, as integers."""
-    out = {}
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
-        try:
-            out[name] = int(os.environ[name])
-        except (KeyError, ValueError):
-            pass
-    return out
-
-
 def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
     """Where this process writes: None for stderr; a file inside a directory target."""
     if target == "-":
         return None
-    global_rank = ranks.get("RANK", ranks.get("SLURM_PROCID", ranks.get("OMPI_COMM_WORLD_RANK")))
-    tag = f"-rank{global_rank}" if global_rank is not None else ""
+    number = global_rank(ranks)
+    tag = f"-rank{number}" if number is not None else ""
     if target.endswith(("/", os.sep)) or os.path.isdir(target):
         host = socket.gethostname().split(".")[0] or "host"
         return os.path.join(target, f"autoalloc-report-{host}-{pid}{tag}.json")
-    if global_rank:  # ranks other than 0 next to rank 0's file, never over it
+    if number:  # ranks other than 0 next to rank 0's file, never over it
         stem, ext = os.path.splitext(target)
         return f"{stem}{tag}{ext or '.json'}"
     return target
@@ -127,7 +122,7 @@ def decision_info() -> dict[str, Any]:
     """What autoalloc decided in this process (from the hook's state), and its environment mark."""
     hook = sys.modules.get("autoalloc.hook")
     decision = getattr(getattr(hook, "STATE", None), "decision", None)
-    out: dict[str, Any] = {"AUTOALLOC_APPLIED": os.environ.get("AUTOALLOC_APPLIED")}
+    out: dict[str, Any] = {APPLIED_VAR: os.environ.get(APPLIED_VAR)}
     if decision is None:
         return out
     for key, attr in (
@@ -208,7 +203,7 @@ class Recorder:
 
     def _write_progress(self, now: float) -> None:
         self.last_progress = now
-        if rank().get("RANK", 0) != 0:
+        if global_rank():  # rank 0 speaks for the job
             return
         try:
             with open(self.progress, "w", encoding="utf-8") as f:
@@ -244,7 +239,7 @@ class Recorder:
             "pid": self.pid,
             "host": socket.gethostname(),
             "argv": list(getattr(sys, "orig_argv", sys.argv)),
-            "rank": rank(),
+            "rank": rank_vars(),
             "torch": torch.__version__,
             "torch_cuda": getattr(torch.version, "cuda", None),
             "cuda": cuda,
@@ -282,7 +277,7 @@ class Recorder:
             return
         try:
             text = json.dumps(self.as_dict(), indent=1)
-            path = report_path(self.target, self.pid, rank())
+            path = report_path(self.target, self.pid, rank_vars())
             if path is None:
                 sys.stderr.write(text + "\n")
                 sys.stderr.flush()

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from autoalloc.ab.arms import Arm, interleave
-from autoalloc.ab.recorder import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
+from autoalloc.ab.table import report_rank, run_figures
+from autoalloc.envvars import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
 
 TERM_GRACE_S = 15.0
 STDERR_TAIL = 12
@@ -119,7 +120,12 @@ def read_reports(directory: str) -> list[dict[str, Any]]:
                     reports.append({**json.load(f), "file": os.path.join(directory, name)})
             except (OSError, ValueError):
                 continue
-    return sorted(reports, key=lambda r: r.get("rank", {}).get("RANK", 1 << 30))
+    return sorted(reports, key=_rank_order)
+
+
+def _rank_order(report: Mapping[str, Any]) -> int:
+    rank = report_rank(report)
+    return 1 << 30 if rank is None else rank
 
 
 def _read_steps(path: str) -> int:
@@ -248,8 +254,6 @@ def result(
     arms: Sequence[Arm], plan: Plan, runs: Sequence[Run], notes: Sequence[str]
 ) -> dict[str, Any]:
     """The A/B as data (the JSON): plan, arms, every run with its figures, notes."""
-    from autoalloc.ab.table import run_figures
-
     by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
     for run in runs:
         data = run.as_dict()

@@ -11,6 +11,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autoalloc.envvars import global_rank
+
 GIB = 1024**3
 Figures = dict[str, Any]
 
@@ -61,9 +63,18 @@ def figures(report: Mapping[str, Any]) -> Figures:
 def primary(reports: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """Rank 0's report, else the one with the most steps."""
     for report in reports:
-        if report.get("rank", {}).get("RANK") == 0:
+        if report_rank(report) == 0:
             return report
     return max(reports, key=lambda r: r.get("steps", 0), default=None)
+
+
+def report_rank(report: Mapping[str, Any]) -> int | None:
+    """The global rank a report was written by (None: not a distributed job)."""
+    return global_rank(report.get("rank") or {})
+
+
+def _or(value: object, default: object) -> object:
+    return default if value is None else value
 
 
 def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -75,7 +86,7 @@ def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     for report in reports:
         if report is main:
             continue
-        fig, who = figures(report), f"rank {report.get('rank', {}).get('RANK', report.get('pid'))}"
+        fig, who = figures(report), f"rank {_or(report_rank(report), report.get('pid'))}"
         if fig["steps"] != ref["steps"]:
             flags.append(f"{who}: {fig['steps']} steps (rank 0: {ref['steps']})")
         if fig["expandable_segments"] != ref["expandable_segments"]:
@@ -235,7 +246,7 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
             what += f" {decision['rule']}"
         name = os.path.basename(str(report.get("file", report.get("pid", "?"))))[-33:]
         lines.append(
-            f"{name:<34}{report.get('rank', {}).get('RANK', '-')!s:>5}{fig['steps']:>7}"
+            f"{name:<34}{_or(report_rank(report), '-')!s:>5}{fig['steps']:>7}"
             f"{_cell(fig['steps_per_s'], '.2f'):>9}{_cell(fig['step_ms_median'], '.1f'):>8}"
             f"{_cell(fig['step_ms_p95'], '.1f'):>8}{_cell(fig.get('mallocs_per_step'), '.2f'):>8}"
             f"{_cell(fig.get('retries'), 'd'):>8}{_cell(fig.get('ooms'), 'd'):>5}"

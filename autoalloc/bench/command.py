@@ -29,6 +29,7 @@ from autoalloc.ab.plot import plot
 from autoalloc.allocconf import ALL_VARS, CUDA_VAR
 from autoalloc.bench import schedule
 from autoalloc.bench.workload import ES_ON, GIB, PRESETS, SETTINGS_TAG
+from autoalloc.envvars import DISABLE_VAR, REPORT_VAR
 
 HOOK_RULE = "autoalloc-bench"
 WORKLOAD = "autoalloc.bench.workload"
@@ -194,8 +195,8 @@ def calibrate(
         file=sys.stderr,
         flush=True,
     )
-    env = {**os.environ, "AUTOALLOC_DISABLE": "1"}
-    env.pop("AUTOALLOC_REPORT", None)
+    env = {**os.environ, DISABLE_VAR: "1"}
+    env.pop(REPORT_VAR, None)
     done = subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=conf["arm_timeout"]
     )
@@ -228,7 +229,7 @@ def check_all_settings(args: argparse.Namespace, arms: Sequence[Arm]) -> int:
     """Each arm in its own process, set up, not trained: does torch report what it intends?"""
     results: dict[str, Any] = {}
     for arm in arms:
-        env = arm.environ({k: v for k, v in os.environ.items() if k != "AUTOALLOC_REPORT"})
+        env = arm.environ({k: v for k, v in os.environ.items() if k != REPORT_VAR})
         command = [
             args.python,
             "-m",
