@@ -1,7 +1,8 @@
 """The ``training`` condition and the built-in ``speech-training`` rule.
 
-In process: the rule scored on tests/corpus/unlisted.json (entry points of speech toolkits no
-other built-in rule names), the condition's policy syntax, ``explain --trains``, the
+In process: the rule scored on the first set of tests/corpus/unlisted.json (entry points of
+speech toolkits no other built-in rule names; the trees added since, with audio trainers outside
+speech-to-text, are scored in tests/test_corpus.py), the condition's policy syntax, ``explain --trains``, the
 ``adaptive`` key's provenance. End to end (real torch, subprocesses): a speech fine-tuning
 script gets the option once it builds its optimizer; without the speech stack, or without an
 optimizer, nothing; deny rules, AUTOALLOC_DISABLE, DataLoader workers and torchrun ranks.
@@ -24,7 +25,11 @@ from autoalloc.policy import PolicyError, Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
 from tests.conftest import ES, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
 
-CORPUS = json.loads((Path(__file__).parent / "corpus" / "unlisted.json").read_text())["entries"]
+CORPUS = [
+    row
+    for row in json.loads((Path(__file__).parent / "corpus" / "unlisted.json").read_text())["entries"]
+    if row["set"] == "unlisted"  # labelled in tests/corpus/unlisted_labels.toml
+]
 BUILTIN = validate(
     sources.parse_toml(Path(sources.BUILTIN_PATH).read_bytes()),
     Source("builtin", sources.BUILTIN_PATH),
@@ -57,7 +62,7 @@ def _score(trains: bool, imports: bool = True) -> tuple[int, int, int, int]:
     """True/false positives, false/true negatives of the built-in policy on the corpus."""
     tp = fp = fn = tn = 0
     for row in CORPUS:
-        if row["label"] == "AMBIGUOUS":
+        if row["label"] not in ("TRAIN", "OTHER"):  # AUDIO: scored in tests/test_corpus.py
             continue
         predicted, train = _predicted(row, trains, imports), row["label"] == "TRAIN"
         tp += predicted and train
@@ -70,18 +75,18 @@ def _score(trains: bool, imports: bool = True) -> tuple[int, int, int, int]:
 def test_the_corpus_covers_the_trees() -> None:
     trees = {row["repo"] for row in CORPUS}
     assert len(trees) == 14 and len(CORPUS) == 352
-    assert sum(row["label"] == "TRAIN" for row in CORPUS) == 33
-    assert sum(row["label"] == "AMBIGUOUS" for row in CORPUS) == 11
+    assert sum(row["label"] == "TRAIN" for row in CORPUS) == 34
+    assert sum(row["label"] == "AUDIO" for row in CORPUS) == 10
 
 
 def test_names_alone_miss_these_toolkits() -> None:
     # command line and import triggers, as before this rule: no optimizer seen
-    assert _score(trains=False)[:3] == (0, 0, 33)
+    assert _score(trains=False)[:3] == (0, 0, 34)
 
 
 def test_speech_training_scores_on_unlisted_toolkits() -> None:
     tp, fp, fn, tn = _score(trains=True)
-    assert (tp, fp, fn, tn) == (33, 3, 0, 305)  # precision 0.917, recall 1.000
+    assert (tp, fp, fn, tn) == (34, 3, 0, 305)  # precision 0.919, recall 1.000
     assert tp / (tp + fp) > 0.9 and tp / (tp + fn) == 1.0
 
 

@@ -1,13 +1,14 @@
-"""Regenerate tests/corpus/unlisted.json: entry points of speech trees no built-in rule names.
+"""Regenerate tests/corpus/unlisted.json: entry points of audio trees no built-in rule names.
 
-For each tree in ``TREES`` (a public repository at a recorded commit) this lists the entry
-points (files with a ``__main__`` block or a Hydra main), records how each is launched (the
-first command line found in the tree's shell scripts and READMEs, else ``python PATH``), the
-modules it imports (``imports``: the script's own import statements, read with ``ast``) and the
-modules its run reaches (``reaches``: the same, followed through the tree's own modules at module
-level), and joins them with the hand-made labels of tests/corpus/unlisted_labels.toml (TRAIN,
-OTHER or AMBIGUOUS, whether the program builds an optimizer, and why). No toolkit code is kept:
-paths, command lines, module names and labels only.
+For each tree in ``TREES`` and ``AUDIO_TREES`` (a public repository at a recorded commit) this
+lists the entry points (files with a ``__main__`` block or a Hydra main), records how each is
+launched (the first command line found in the tree's shell scripts and READMEs, else ``python
+PATH``), the modules it imports (``imports``: the script's own import statements, read with
+``ast``) and the modules its run reaches (``reaches``: the same, followed through the tree's own
+modules at module level), and joins them with the hand-made labels of the
+``tests/corpus/*_labels.toml`` files (TRAIN, AUDIO, OTHER or AMBIGUOUS, whether the program builds
+an optimizer, and why; each row names its file as ``set``: ``unlisted``, ``audio``, ...). No
+toolkit code is kept: paths, command lines, module names and labels only.
 
 Usage::
 
@@ -15,7 +16,8 @@ Usage::
 
 where ``DIR/<owner>+<name>/repo`` is a git directory holding the commit named in ``TREES`` (for
 example ``git clone --bare https://github.com/<owner>/<name> DIR/<owner>+<name>/repo``).
-``--check`` lists entry points that no label covers, and labels that cover nothing.
+``--check`` lists entry points that no label covers; ``--repo OWNER/NAME`` (repeatable) scans
+only those trees and writes nothing unless ``--out`` is given.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-LABELS = ROOT / "tests" / "corpus" / "unlisted_labels.toml"
+LABELS = ROOT / "tests" / "corpus"  # every *_labels.toml in it
 OUT = ROOT / "tests" / "corpus" / "unlisted.json"
 
 
@@ -51,6 +53,9 @@ class Tree:
     skip: tuple[str, ...] = ()  # globs of files that are no program's entry point
     extra: tuple[str, ...] = ()  # globs of plain scripts (no __main__ block) that are programs
     imports_all: tuple[str, ...] = ()  # packages whose __init__ imports every submodule
+    # top-level names that stay external although a nested folder of the tree bears them
+    # (a vendored `.../torch/__init__.py` is not what `import torch` loads)
+    external: tuple[str, ...] = ()
 
 
 _COMMON_SKIP = ("setup.py", "**/setup.py", "docs/**", "**/test_*.py", "**/*_test.py", "tests/**",
@@ -75,6 +80,13 @@ TREES = (
     Tree("thu-spmi/CAT", "e4b8cd14aca0d0d6f96a2f864874834c9de45a83"),
     Tree("facebookresearch/seamless_communication", "90e2b57ac4d82fa2bfaa25caeffe39ceb8b2ebec"),
 )
+
+# Trees of audio training outside speech-to-text (TTS, vocoders, codecs, separation, enhancement,
+# speaker, classification, music) and of ASR inference/export tools: the hard negatives
+# (tests/corpus/audio_labels.toml).
+AUDIO_TREES: tuple[Tree, ...] = ()
+
+LABEL_KINDS = ("TRAIN", "AUDIO", "OTHER", "AMBIGUOUS")
 
 # `from transformers import WhisperProcessor` imports transformers.models.whisper (lazily, on
 # first use): the model families of speech checkpoints, by class-name prefix, longest first.
@@ -182,8 +194,14 @@ def named_files(tree: ast.AST) -> Iterator[str]:
 class Index:
     """A tree's Python files: who can be imported as what, and what each imports."""
 
-    def __init__(self, texts: dict[str, str], imports_all: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        texts: dict[str, str],
+        imports_all: tuple[str, ...] = (),
+        external: tuple[str, ...] = (),
+    ) -> None:
         self.texts = texts
+        self.external = set(external)
         self.imports_all = {f"{p}/__init__.py": p + "/" for p in imports_all}
         self.by_name: dict[str, list[str]] = {}
         for path in texts:
@@ -202,7 +220,7 @@ class Index:
     def resolve(self, name: str, importer: str) -> str | None:
         """The tree's file that ``import name`` from ``importer`` loads, nearest first."""
         candidates = self.by_name.get(name)
-        if not candidates:
+        if not candidates or name.split(".")[0] in self.external:
             return None
         here = importer.split("/")
         return max(candidates, key=lambda p: (_common(p.split("/"), here), -len(p)))
@@ -326,10 +344,20 @@ def _same_file(token: str, cwd: str, entry: str) -> bool:
     return joined == entry or entry.endswith("/" + token.lstrip("./"))
 
 
-def load_labels(path: Path = LABELS) -> dict[str, list[dict[str, object]]]:
-    with open(path, "rb") as f:
-        data = tomllib.load(f)
-    return {repo: table.get("label", []) for repo, table in data.items()}
+def load_labels(folder: Path = LABELS) -> dict[str, list[dict[str, object]]]:
+    """Every tree's labels, from all ``*_labels.toml`` files of ``folder`` (in name order); each
+    label records its file's stem as ``set`` (``audio`` for audio_labels.toml)."""
+    labels: dict[str, list[dict[str, object]]] = {}
+    for path in sorted(folder.glob("*_labels.toml")):
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+        for repo, table in data.items():
+            for label in table.get("label", []):
+                if label.get("label") not in LABEL_KINDS:
+                    raise ValueError(f"{path.name}: {repo}: label {label.get('label')!r}")
+                set_name = path.name.removesuffix("_labels.toml")
+                labels.setdefault(repo, []).append({**label, "set": set_name})
+    return labels
 
 
 def label_for(labels: list[dict[str, object]], path: str) -> dict[str, object] | None:
@@ -365,7 +393,7 @@ def scan(tree: Tree, git_dir: Path, labels: list[dict]) -> tuple[list[dict], lis
     py = [f for f in files if f.endswith(".py")]
     docs = [f for f in files if f.endswith((".sh", ".md", ".yaml", ".yml", ".txt", ".py"))]
     texts = read_all(git_dir, tree.commit, py)
-    index = Index(texts, tree.imports_all)
+    index = Index(texts, tree.imports_all, tree.external)
     skip = (*_COMMON_SKIP, *tree.skip)
     candidates = [p for p in py if not any(fnmatch.fnmatch(p, s) for s in skip)]
     forms = launch_forms(read_all(git_dir, tree.commit, docs), candidates)
@@ -386,7 +414,7 @@ def scan(tree: Tree, git_dir: Path, labels: list[dict]) -> tuple[list[dict], lis
             "repo": tree.repo, "commit": tree.commit, "path": path, "launch": form,
             "imports": direct, "reaches": reached, "label": label["label"],
             "optimizer": bool(label.get("optimizer", guess)), "optimizer_guess": guess,
-            "why": label.get("why", ""),
+            "why": label.get("why", ""), "set": label["set"],
         })
     return rows, unlabelled
 
@@ -394,25 +422,40 @@ def scan(tree: Tree, git_dir: Path, labels: list[dict]) -> tuple[list[dict], lis
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--git-dirs", type=Path, required=True)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--check", action="store_true", help="list unlabelled entry points")
+    parser.add_argument("--repo", action="append", default=[], help="scan only this tree")
     args = parser.parse_args(argv)
     labels = load_labels()
     rows: list[dict] = []
     missing = 0
-    for tree in TREES:
+    trees = [t for t in (*TREES, *AUDIO_TREES) if not args.repo or t.repo in args.repo]
+    out = args.out or (None if args.repo else OUT)
+    for tree in trees:
         git_dir = args.git_dirs / tree.repo.replace("/", "+") / "repo"
         found, unlabelled = scan(tree, git_dir, labels.get(tree.repo, []))
         rows.extend(found)
         for path in unlabelled:
             print(f"unlabelled: {tree.repo} {path}", file=sys.stderr)
         missing += len(unlabelled)
-    if args.check:
+    if args.check or out is None:
+        print(_summary(rows), file=sys.stderr)
         return 1 if missing else 0
     lines = ",\n".join(json.dumps(row, sort_keys=True) for row in rows)  # one entry a line
-    args.out.write_text('{"entries": [\n' + lines + "\n]}\n")
-    print(f"{len(rows)} entry points written to {args.out} ({missing} unlabelled)")
+    out.write_text('{"entries": [\n' + lines + "\n]}\n")
+    print(f"{len(rows)} entry points written to {out} ({missing} unlabelled)")
     return 0
+
+
+def _summary(rows: list[dict]) -> str:
+    """Entry points per tree and label, with how many of each build an optimizer."""
+    counts: dict[tuple[str, str], list[int]] = {}
+    for row in rows:
+        cell = counts.setdefault((row["repo"], row["label"]), [0, 0])
+        cell[0] += 1
+        cell[1] += row["optimizer"]
+    return "\n".join(f"{repo} {label}: {n} ({opt} with an optimizer)"
+                     for (repo, label), (n, opt) in sorted(counts.items()))
 
 
 if __name__ == "__main__":
