@@ -113,7 +113,7 @@ def plan(
     #    most one warning), with 3. the policy layers that govern it.
     disabled_here = truthy(env.get(DISABLE_VAR))
     if disabled_here:
-        table = wrappers.builtin() if wrappers.may_wrap(entry) else ()
+        table = sources.builtin_wrappers() if sources.may_wrap(entry) else ()
         policy, program = None, wrappers.unwrap(entry, table, cwd, argv)
     else:
         policy, program = sources.load_program(entry, env, cwd, argv)

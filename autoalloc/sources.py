@@ -11,6 +11,7 @@ of an exception.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import sys
@@ -31,6 +32,7 @@ from autoalloc.policy import (
     compose,
     salvage,
     summarize,
+    validate,
 )
 
 if sys.version_info >= (3, 11):
@@ -40,6 +42,7 @@ else:  # pragma: no cover - exercised on older interpreters in CI
 
 MAX_BYTES = 1 << 20
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
+WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 
 
 class LayerError(Exception):
@@ -390,12 +393,48 @@ def _env_layer(env: Mapping[str, str]) -> LayerFile:
     return read
 
 
+@functools.lru_cache(maxsize=1)
+def builtin_wrappers() -> tuple[wrappers.Wrapper, ...]:
+    """The built-in wrapper table (``wrappers.toml``); empty if it cannot be read, which never
+    happens in an intact installation and must not stop the decision."""
+    try:
+        with open(WRAPPERS_PATH, "rb") as f:
+            table = parse_toml(f.read()).get("wrappers", [])
+        return validate({"wrappers": table}, Source("builtin", WRAPPERS_PATH)).wrappers
+    except (OSError, LayerError, PolicyError):
+        return ()
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_wrappers_text() -> str:
+    try:
+        with open(WRAPPERS_PATH, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return ""
+
+
+def may_wrap(entry: EntryPoint) -> bool:
+    """Whether a built-in wrapper could be ``entry``: its module, command or file name is
+    quoted in the table. Most programs are not wrappers, and reading the text is much
+    cheaper than parsing the table, which ``builtin_wrappers()`` does only when this says so
+    (the built-in table names its wrappers literally: no glob in wrappers.toml)."""
+    if entry.kind in ("module", "command"):
+        name = entry.target
+    elif entry.kind == "script":
+        name = os.path.basename(entry.path.rstrip("/"))
+    else:
+        return False
+    text = _builtin_wrappers_text()
+    return bool(name) and (f'"{name}"' in text or f'/{name}"' in text)
+
+
 def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> list[LayerFile]:
     """Every layer for this entry point, lowest first."""
     # 1. built-in rules, shipped as package data
     builtin = load_file("builtin", BUILTIN_PATH, allow_trust=False)
-    if builtin.config is not None and wrappers.may_wrap(entry):  # the wrapper table beside them
-        table = builtin.config.wrappers + wrappers.builtin()
+    if builtin.config is not None and may_wrap(entry):  # the wrapper table beside them
+        table = builtin.config.wrappers + builtin_wrappers()
         builtin = replace(builtin, config=replace(builtin.config, wrappers=table))
     # 2. site and 3. user config files (platformdirs)
     site = _config_dir_layer("site", site_path)

@@ -5,41 +5,27 @@ another program, in this process or in workers that inherit its environment; aut
 decides for that program, so a profiled run gets what the real run gets and a launcher
 decides once for all its ranks. Which programs wrap others, and their option grammar, is
 data: ``wrappers.toml`` beside this module and the ``[[wrappers]]`` tables of policy files.
-``validate`` turns one TOML table into a ``Wrapper``; ``unwrap`` is a pure function of an
-entry point, a table and (for ``runpy.run_path``) the ``sys.argv`` the program set.
+The schema of a ``[[wrappers]]`` table is declared in ``schema`` with the policy's; reading
+``wrappers.toml`` is ``sources``' job. ``unwrap`` is a pure function of an entry point, a
+table and (for ``runpy.run_path``) the ``sys.argv`` the program set.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 import re
-import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from autoalloc import globs
 from autoalloc.entrypoint import EntryPoint, parse, program
 
 ProgramKind = Literal["python", "command"]
 Mode = Literal["script", "module", "code", "command"]
 
-BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 MAX_DEPTH = 8  # `coverage run -m torch.distributed.run ... train.py` is two; more is a loop
-_LISTS = (
-    "modules", "commands", "scripts", "subcommands", "value_options", "flag_options",
-    "module_options", "code_options", "command_options", "no_program", "separators",
-)
-_FLAGS = ("launcher", "options_take_value", "split_at_separator", "after_separator")
-_KEYS = frozenset({"name", "description", "program", *_LISTS, *_FLAGS})
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
-_MAX_LIST = 1000
-_MAX_STR = 4096
-
-
-class WrapperError(ValueError):
-    """A ``[[wrappers]]`` table that cannot be used; the message names the key."""
 
 
 @dataclass(frozen=True)
@@ -65,109 +51,23 @@ class Wrapper:
     split_at_separator: bool = False
     after_separator: bool = False
     program: ProgramKind = "python"
+    # modules, commands and scripts as matchers: the same globs as a rule's
+    compiled: globs.RulePatterns = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        compiled = globs.compile_rule(self.scripts, self.modules, self.commands, ())
+        object.__setattr__(self, "compiled", compiled)
 
     def runs(self, entry: EntryPoint) -> bool:
-        """Whether ``entry`` is this wrapper."""
+        """Whether ``entry`` is this wrapper (its module, command, or script path)."""
         if entry.kind == "module":
-            return entry.target in self.modules
-        if entry.kind == "command" and entry.target in self.commands:
+            return self.compiled.module(entry.target)
+        if entry.kind == "command" and self.compiled.command(entry.target):
             return True
         if entry.kind in ("script", "command") and self.scripts:
-            paths = [p for p in (entry.path, entry.realpath) if p]
-            return any(_path_ends(p, s) for p in paths for s in self.scripts)
+            paths = (p.replace(os.sep, "/").rstrip("/") for p in (entry.path, entry.realpath) if p)
+            return self.compiled.script(*paths)
         return False
-
-
-def _path_ends(path: str, suffix: str) -> bool:
-    path = path.replace(os.sep, "/").rstrip("/")
-    return path == suffix or path.endswith("/" + suffix.strip("/"))
-
-
-def _str_list(value: object, where: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or len(value) > _MAX_LIST:
-        raise WrapperError(f"{where} must be a list of strings")
-    if not all(isinstance(v, str) and v and len(v) <= _MAX_STR for v in value):
-        raise WrapperError(f"{where} must be a list of non-empty strings")
-    return tuple(value)
-
-
-def validate(data: object, where: str, layer: str) -> Wrapper:
-    """One ``[[wrappers]]`` table, checked; raises WrapperError naming the key."""
-    if not isinstance(data, dict):
-        raise WrapperError(f"{where} must be a table")
-    name = data.get("name")
-    if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise WrapperError(f"{where}: name must be letters, digits, '-', '_' or '.' (at most 100)")
-    where = f'{where} ("{name}")'
-    unknown = sorted(set(data) - _KEYS)
-    if unknown:
-        from autoalloc.messages import did_you_mean
-
-        hint = did_you_mean(unknown[0], _KEYS)
-        raise WrapperError(f"{where}: unknown key {unknown[0]!r}{hint}")
-    fields: dict = {k: _str_list(data[k], f"{where}: {k}") for k in _LISTS if k in data}
-    for key in _FLAGS:
-        if key in data and not isinstance(data[key], bool):
-            raise WrapperError(f"{where}: {key} must be true or false")
-        fields[key] = data.get(key, False)
-    if data.get("program", "python") not in ("python", "command"):
-        raise WrapperError(f"{where}: program must be 'python' or 'command'")
-    description = data.get("description", "")
-    if not isinstance(description, str) or len(description) > _MAX_STR:
-        raise WrapperError(f"{where}: description must be a string")
-    if not any(fields.get(k) for k in ("modules", "commands", "scripts")):
-        raise WrapperError(f"{where} needs at least one of modules, commands, scripts")
-    return Wrapper(name, layer, description, program=data.get("program", "python"), **fields)
-
-
-def validate_all(data: object, layer: str) -> tuple[Wrapper, ...]:
-    """The ``wrappers`` array of a policy file; raises WrapperError."""
-    if not isinstance(data, list) or len(data) > _MAX_LIST:
-        raise WrapperError("wrappers must be an array of tables ([[wrappers]])")
-    table = tuple(validate(item, f"wrapper {i + 1}", layer) for i, item in enumerate(data))
-    names = [w.name for w in table]
-    for name in names:
-        if names.count(name) > 1:
-            raise WrapperError(f"two wrappers are named {name!r}")
-    return table
-
-
-@functools.lru_cache(maxsize=1)
-def builtin() -> tuple[Wrapper, ...]:
-    """The built-in table (``wrappers.toml``); empty if it cannot be read, which never happens
-    in an intact installation and must not stop the decision."""
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover - older interpreters in CI
-        import tomli as tomllib
-    try:
-        with open(BUILTIN_PATH, "rb") as f:
-            return validate_all(tomllib.load(f).get("wrappers", []), "builtin")
-    except (OSError, ValueError):
-        return ()
-
-
-@functools.lru_cache(maxsize=1)
-def _builtin_text() -> str:
-    try:
-        with open(BUILTIN_PATH, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, ValueError):
-        return ""
-
-
-def may_wrap(entry: EntryPoint) -> bool:
-    """Whether a built-in wrapper could be ``entry``: its module, command or file name is
-    quoted in the table. Most programs are not wrappers, and reading the text is much
-    cheaper than parsing the table, which ``builtin()`` does only when this says so."""
-    if entry.kind in ("module", "command"):
-        name = entry.target
-    elif entry.kind == "script":
-        name = os.path.basename(entry.path.rstrip("/"))
-    else:
-        return False
-    text = _builtin_text()
-    return bool(name) and (f'"{name}"' in text or f'/{name}"' in text)
 
 
 # ---------------------------------------------------------------- the grammar

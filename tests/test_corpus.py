@@ -55,7 +55,7 @@ def decision_for(policy: Policy, row: dict, root: Path, imported: Iterable[str])
     if argv[0] != "-m" and not argv[0].endswith(".py"):
         argv = [f"/venv/bin/{argv[0]}", *argv[1:]]  # a console script: torchrun, fairseq-train
     entry = entrypoint.parse([PY, *argv], cwd)
-    target = wrappers.unwrap(entry, wrappers.builtin(), cwd, None).entry
+    target = wrappers.unwrap(entry, sources.builtin_wrappers(), cwd, None).entry
     decision = decide(policy, plan.utf8_entry(target), {}, TORCH, {*imported, "torch"})
     return decision.action, decision.rule
 

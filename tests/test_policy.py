@@ -64,7 +64,7 @@ def test_validate_full_schema() -> None:
         ({"rules": [{"name": "x", "scripts": ["a"], "action": "deny"}]}, "action must be"),
         ({"rules": [{"name": "bad name!", "scripts": ["a"]}]}, "name must be"),
         ({"rules": [{"name": "x", "scripts": ["a"], "env": {"LD_PRELOAD": "x"}}]}, "unknown key 'env'"),
-        ({"rules": [{"name": "x", "scripts": ["a"]}, {"name": "x", "modules": ["b"]}]}, "two rules are named 'x'"),
+        ({"rules": [{"name": "x", "scripts": ["a"]}, {"name": "x", "modules": ["b"]}]}, "rule 2: another rule is already named 'x'"),
         ({"trusted_dirs": ["/"]}, "only user, site and AUTOALLOC_CONFIG"),
     ],
 )
@@ -237,7 +237,7 @@ def test_ten_thousand_rules_validate_and_compose() -> None:
     assert len(policy.rules) == 5000 + 4999  # 'shared' replaced, 'u17' disabled
     assert policy.rules[0].name == "p0" and policy.rules[-1].name == "u4999"
     assert set(policy.dropped) == {"shared@user", "u17@user"}
-    with pytest.raises(PolicyError, match="two rules are named 'u3'"):
+    with pytest.raises(PolicyError, match="another rule is already named 'u3'"):
         validate({"rules": [*user, {"name": "u3", "scripts": ["x.py"]}]}, Source("user", "/u"))
 
 

@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from autoalloc import wrappers
+from autoalloc import sources
 from autoalloc.entrypoint import EntryPoint, parse
 from autoalloc.policy import LayerConfig, PolicyError, Source, compose, validate
-from autoalloc.wrappers import Wrapper, WrapperError, unwrap, worker_argv
+from autoalloc.wrappers import Wrapper, unwrap, worker_argv
 
 pytestmark = pytest.mark.hook
 PY = "/venv/bin/python"
@@ -20,7 +20,7 @@ EXT = "/home/u/.vscode/extensions/ms-python.debugpy-2025.1.0/bundled/libs/debugp
 
 def program(argv: list[str], cwd: str = "/w") -> tuple[str, tuple[str, ...], tuple[str, ...]]:
     """``(names of the wrappers taken off, (kind, target), args)`` for a full command line."""
-    got = unwrap(parse(argv, cwd), wrappers.builtin(), cwd)
+    got = unwrap(parse(argv, cwd), sources.builtin_wrappers(), cwd)
     return (
         tuple(s.wrapper.name for s in got.steps),
         (got.entry.kind, got.entry.target),
@@ -410,13 +410,13 @@ def test_real_argv_forms(
 def test_code_programs() -> None:
     got = unwrap(
         parse([PY, "-m", "memray", "run", "-c", "import torch", "a"], "/w"),
-        wrappers.builtin(),
+        sources.builtin_wrappers(),
         "/w",
     )
     assert got.entry == EntryPoint("code", "", ("a",))
     got = unwrap(
         parse([PY, "-m", "debugpy", "--listen", "1", "-c", "import torch"], "/w"),
-        wrappers.builtin(),
+        sources.builtin_wrappers(),
         "/w",
     )
     assert got.entry.kind == "code"
@@ -476,7 +476,7 @@ def test_code_programs() -> None:
     ],
 )
 def test_launcher_worker_argv(launcher: list[str], worker: list[str] | None) -> None:
-    got = worker_argv(unwrap(parse([PY, *launcher], "/w"), wrappers.builtin(), "/w"), PY)
+    got = worker_argv(unwrap(parse([PY, *launcher], "/w"), sources.builtin_wrappers(), "/w"), PY)
     assert got == (None if worker is None else [PY, *worker])
 
 
@@ -484,7 +484,7 @@ def test_runpy_argv0_names_the_program(tmp_path) -> None:
     (tmp_path / "run.py").write_text("")
     (tmp_path / "train.py").write_text("")
     entry = parse([PY, "run.py"], str(tmp_path))
-    got = unwrap(entry, wrappers.builtin(), str(tmp_path), ["train.py", "--lr", "1"])
+    got = unwrap(entry, sources.builtin_wrappers(), str(tmp_path), ["train.py", "--lr", "1"])
     assert (got.entry.kind, got.entry.target, got.entry.args) == (
         "script",
         str(tmp_path / "train.py"),
@@ -499,7 +499,7 @@ def test_runpy_argv0_names_the_program(tmp_path) -> None:
     assert unwrap(module, (), str(tmp_path), [str(tmp_path / "train.py")]).entry == module
     # a launcher's own sys.argv is not its workers' program
     torchrun = parse([PY, "/venv/bin/torchrun", "run.py"], str(tmp_path))
-    assert unwrap(torchrun, wrappers.builtin(), str(tmp_path), ["train.py"]).entry.target == str(
+    assert unwrap(torchrun, sources.builtin_wrappers(), str(tmp_path), ["train.py"]).entry.target == str(
         tmp_path / "run.py"
     )
 
@@ -512,7 +512,7 @@ def test_symlinked_argv0_is_the_same_program(tmp_path) -> None:
 
 
 def test_the_builtin_table_loads_and_is_what_the_policy_uses() -> None:
-    names = [w.name for w in wrappers.builtin()]
+    names = [w.name for w in sources.builtin_wrappers()]
     for name in (
         "cProfile",
         "pdb",
@@ -545,7 +545,7 @@ def test_user_wrapper_validates_replaces_and_disables() -> None:
         Source("user", "/u/config.toml"),
         allow_trust=True,
     )
-    builtin = LayerConfig(Source("builtin", "/b"), wrappers=wrappers.builtin())
+    builtin = LayerConfig(Source("builtin", "/b"), wrappers=sources.builtin_wrappers())
     table = compose([builtin, user]).wrappers
     names = [w.name for w in table]
     assert names[:2] == ["my-profiler", "cProfile"] and table[1].layer == "user"
@@ -570,7 +570,7 @@ def test_user_wrapper_validates_replaces_and_disables() -> None:
         ([{"name": "bad name", "modules": ["m"]}], "name must be"),
         (
             [{"name": "x", "modules": ["m"]}, {"name": "x", "commands": ["c"]}],
-            "two wrappers are named 'x'",
+            "wrapper 2: another wrapper is already named 'x'",
         ),
         ({"name": "x"}, "wrappers must be an array of tables"),
     ],
@@ -578,8 +578,6 @@ def test_user_wrapper_validates_replaces_and_disables() -> None:
 def test_bad_wrapper_tables_name_the_key(table: object, message: str) -> None:
     with pytest.raises(PolicyError, match=re.escape(message)):
         validate({"wrappers": table}, Source("project", "/p/autoalloc.toml"))
-    with pytest.raises(WrapperError):
-        wrappers.validate_all(table, "project")
 
 
 def test_wrapper_matches_by_module_command_or_path() -> None:
@@ -589,6 +587,28 @@ def test_wrapper_matches_by_module_command_or_path() -> None:
     assert w.runs(EntryPoint("script", "/x/pkg/launcher", path="/x/pkg/launcher"))
     assert not w.runs(EntryPoint("script", "/x/otherpkg/launcher", path="/x/otherpkg/launcher"))
     assert not w.runs(EntryPoint("code"))
+
+
+@pytest.mark.parametrize(
+    "pattern", ["**/tools/mywrap.py", "mywrap.py", "tools/mywrap.py", "tools/*.py", "my*.py"]
+)
+def test_wrapper_scripts_are_the_globs_rules_accept(pattern: str) -> None:
+    """A ``[[wrappers]]`` entry written like a rule (``scripts = ["**/mywrap.py"]``) matches
+    what the same pattern in a rule matches, and is taken off."""
+    config = validate(
+        {
+            "wrappers": [{"name": "mywrap", "scripts": [pattern]}],
+            "rules": [{"name": "same", "scripts": [pattern]}],
+        },
+        Source("project", "/w/autoalloc.toml"),
+    )
+    entry = parse([PY, "/w/tools/mywrap.py", "train.py", "--lr", "1"], "/w")
+    other = parse([PY, "/w/bin/notmine.py", "train.py"], "/w")
+    (rule,), (wrapper,) = config.rules, config.wrappers
+    assert rule.compiled.script(entry.path) and wrapper.runs(entry)
+    assert not rule.compiled.script(other.path) and not wrapper.runs(other)
+    got = unwrap(entry, config.wrappers, "/w")
+    assert (got.entry.target, got.entry.args) == ("/w/train.py", ("--lr", "1"))
 
 
 def test_explain_shows_the_unwrapped_program(tmp_path) -> None:

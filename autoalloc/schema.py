@@ -1,0 +1,344 @@
+"""What a policy file may hold, declared once, and the one walk that checks a table against it.
+
+Every key of a policy file, of its ``[[rules]]`` and of its ``[[wrappers]]`` tables is a
+``Field`` here: its type, its limits and its allowed values (a near miss gets a did-you-mean).
+``walk`` reads a parsed document against these fields and keeps what is valid; each mistake
+becomes one ``Problem`` that says what is wrong and what it costs: a bad top-level setting
+costs that setting, an invalid allocator option that option, any other mistake in a rule or
+a wrapper that rule or wrapper, and the rest of the file applies. The strict reading is the
+same walk, raising the first problem as a ``PolicyError``.
+
+Pure: plain TOML data in, plain checked data out. ``policy`` builds its records from it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from autoalloc import allocconf
+from autoalloc.messages import closest, did_you_mean
+
+MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
+MAX_STR = 4096
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
+NAME_RULE = "name must be letters, digits, '-', '_' or '.' (at most 100)"
+
+Kind = Literal["bool", "text", "strings", "paths", "choice", "allocator", "tables"]
+
+
+class PolicyError(ValueError):
+    """A policy file, or a part of it, that cannot be used; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One key: what its value must be (``choices`` for a ``choice``)."""
+
+    kind: Kind
+    choices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Item:
+    """One kind of array-of-tables entry (``[[rules]]``, ``[[wrappers]]``)."""
+
+    noun: str  # "rule": counted from 1 in messages, as a person counts them in the file
+    fields: Mapping[str, Field]
+    needs: tuple[str, ...]  # at least one of these must be given (and not empty or false)
+    name_required: bool  # False: an unnamed entry is named "<layer>-<index>"
+
+
+# What a policy's [allocator] holds before any file sets it: a rule that applies gets it.
+DEFAULT_ALLOCATOR = {"expandable_segments": "True"}
+
+ACTIONS = ("apply", "skip")
+CONFLICT_MODES = ("keep", "override")
+SETTER_MODES = ("warn", "merge")  # on_setter: for a later setter call that drops options
+ADAPTIVE_MODES = ("off", "advise", "apply")
+PROGRAM_KINDS = ("python", "command")
+
+_STRINGS = Field("strings")
+_BOOL = Field("bool")
+_TEXT = Field("text")
+
+RULE = Item(
+    noun="rule",
+    fields={
+        "name": _TEXT, "description": _TEXT, "scripts": _STRINGS, "modules": _STRINGS,
+        "commands": _STRINGS, "imports": _STRINGS, "argv": _STRINGS,
+        "action": Field("choice", ACTIONS), "allocator": Field("allocator"), "enabled": _BOOL,
+        "outside": Field("paths"), "training": _BOOL,
+    },
+    needs=("scripts", "modules", "commands", "imports", "training"),
+    name_required=False,
+)
+
+WRAPPER_LISTS = (
+    "modules", "commands", "scripts", "subcommands", "value_options", "flag_options",
+    "module_options", "code_options", "command_options", "no_program", "separators",
+)
+WRAPPER_FLAGS = ("launcher", "options_take_value", "split_at_separator", "after_separator")
+WRAPPER = Item(
+    noun="wrapper",
+    fields={
+        "name": _TEXT, "description": _TEXT, "program": Field("choice", PROGRAM_KINDS),
+        **{key: _STRINGS for key in WRAPPER_LISTS}, **{key: _BOOL for key in WRAPPER_FLAGS},
+    },
+    needs=("modules", "commands", "scripts"),
+    name_required=True,
+)
+
+TOP = {
+    "enabled": _BOOL,
+    "on_conflict": Field("choice", CONFLICT_MODES),
+    "on_setter": Field("choice", SETTER_MODES),
+    "adaptive": Field("choice", ADAPTIVE_MODES),
+    "allocator": Field("allocator"),
+    "rules": Field("tables"),
+    "disable": _STRINGS,
+    "enable": _STRINGS,
+    "trusted_dirs": _STRINGS,  # user, site and AUTOALLOC_CONFIG files only
+    "wrappers": Field("tables"),
+}
+ITEMS = {"rules": RULE, "wrappers": WRAPPER}
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One mistake: what is wrong (naming the key) and what it costs."""
+
+    text: str
+    cost: str
+
+    def sentence(self) -> str:
+        end = "" if self.text.endswith(("?", ".")) else "."
+        return f"{self.text}{end} {self.cost}"
+
+
+@dataclass(frozen=True)
+class Document:
+    """What ``walk`` kept of a policy document: checked top-level values, rules and wrappers
+    as checked tables (each with its ``name``), and a problem for everything left out."""
+
+    settings: Mapping[str, Any]
+    rules: tuple[Mapping[str, Any], ...]
+    wrappers: tuple[Mapping[str, Any], ...]
+    problems: tuple[Problem, ...]
+
+
+def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> Document:
+    """Check a parsed policy document; ``strict``: raise the first problem as PolicyError.
+
+    Raises PolicyError in both modes when the document is not a table at all.
+    """
+    if not isinstance(data, dict):
+        raise PolicyError("the policy must be a table")
+    fields = TOP if allow_trust else {k: v for k, v in TOP.items() if k != "trusted_dirs"}
+    problems: list[Problem] = []
+    settings: dict[str, Any] = {}
+    items: dict[str, tuple[Mapping[str, Any], ...]] = {"rules": (), "wrappers": ()}
+    for key, value in _known_first(data, fields, "", problems, _setting_cost):
+        if key in ITEMS:
+            items[key] = _items(value, key, ITEMS[key], layer, problems)
+        else:
+            _check_into(settings, key, fields[key], value, "", problems, _setting_cost(key))
+    if strict and problems:
+        raise PolicyError(problems[0].text)
+    return Document(settings, items["rules"], items["wrappers"], tuple(problems))
+
+
+def _setting_cost(key: str) -> str:
+    return f"The setting {key!r} is ignored."
+
+
+def _known_first(
+    data: Mapping[str, Any], fields: Mapping[str, Field], where: str, problems: list[Problem],
+    cost: Any,
+) -> list[tuple[str, Any]]:
+    """The known keys of ``data`` (file order); a problem for each unknown key, first."""
+    for key in data:
+        if key not in fields:
+            hint = did_you_mean(key, fields)
+            if key == "trusted_dirs":
+                hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
+            problems.append(Problem(f"{_at(where)}unknown key {key!r}{hint}", cost(key)))
+    return [(key, value) for key, value in data.items() if key in fields]
+
+
+def _at(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
+def _check_into(
+    out: dict[str, Any], key: str, field: Field, value: object, where: str,
+    problems: list[Problem], cost: str,
+) -> None:
+    """``out[key]`` = the checked value; else a problem costing ``cost``.
+
+    An allocator table keeps its valid options: each invalid one costs itself only.
+    """
+    try:
+        out[key] = check(key, field, value, where)
+    except PolicyError as exc:
+        if field.kind == "allocator" and isinstance(value, dict):
+            out[key] = _kept_options(value, f"{_at(where)}allocator", problems)
+        else:
+            problems.append(Problem(str(exc), cost))
+
+
+def check(key: str, field: Field, value: object, where: str = "") -> Any:
+    """One value checked against its field (raises PolicyError naming the key); converted:
+    lists to tuples, allocator tables to torch's text for each option."""
+    name = f"{_at(where)}{key}"
+    kind = field.kind
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise PolicyError(f"{name} must be true or false")
+        return value
+    if kind == "text":
+        if not isinstance(value, str) or len(value) > MAX_STR:
+            raise PolicyError(f"{name} must be a string")
+        return value
+    if kind == "choice":
+        if value not in field.choices:
+            hint = did_you_mean(value, field.choices)
+            raise PolicyError(f"{name} must be {_either(field.choices)}, not {_shown(value)}{hint}")
+        return value
+    if kind == "allocator":
+        return allocator(value, f"{_at(where)}allocator")
+    if kind == "tables":
+        if not isinstance(value, list) or len(value) > MAX_LIST:
+            raise PolicyError(f"{name} must be an array of tables ([[{key}]])")
+        return value
+    strings = _strings(value, name)
+    if kind == "paths":
+        for path in strings:
+            parts = path.split("/")
+            if path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+                example = "'pkg/__init__.py'"
+                raise PolicyError(f"{name}: {path!r} must be a relative path like {example}")
+    return strings
+
+
+def _either(choices: Sequence[str]) -> str:
+    quoted = [repr(c) for c in choices]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _shown(value: object) -> str:
+    """A wrong value as a message quotes it: short, whatever its size."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _strings(value: object, name: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise PolicyError(f"{name} must be a list of strings")
+    if len(value) > MAX_LIST:
+        raise PolicyError(f"{name} has more than {MAX_LIST} entries")
+    for item in value:
+        if not isinstance(item, str) or not item or len(item) > MAX_STR:
+            raise PolicyError(f"{name} must be a list of non-empty strings")
+    return tuple(value)
+
+
+def allocator(value: object, where: str) -> dict[str, str]:
+    """An ``allocator`` table as torch's text per option; raises PolicyError at the first
+    invalid option (``where``: ``allocator`` or ``rule 2 ("x"): allocator``)."""
+    if not isinstance(value, dict):
+        raise PolicyError(f"{where} must be a table")
+    out: dict[str, str] = {}
+    for key, item in value.items():
+        if key not in allocconf.KEYS:
+            hint = did_you_mean(key, allocconf.KEYS)
+            rule = where.rpartition(": ")[0]  # 'rule 2 ("x")' from 'rule 2 ("x"): allocator'
+            raise PolicyError(f"{_at(rule)}unknown allocator option {key!r}{hint}")
+        try:
+            out[key] = allocconf.serialize_value(key, item)
+        except allocconf.ConfError as exc:
+            raise PolicyError(f"{where}.{key}: {exc}") from None
+    try:
+        allocconf.check_options(out)
+    except allocconf.ConfError as exc:
+        raise PolicyError(f"{where}: {exc}") from None
+    return out
+
+
+def _kept_options(options: dict, where: str, problems: list[Problem]) -> dict[str, str]:
+    """The options of an allocator table that are valid, one after the other."""
+    kept: dict[str, object] = {}
+    for key, value in options.items():
+        try:
+            allocator({**kept, key: value}, where)
+            kept[key] = value
+        except PolicyError as exc:
+            why = _default_instead(key, options)
+            problems.append(Problem(str(exc), f"The option {key!r} is ignored{why}."))
+    return allocator(kept, where)
+
+
+def _default_instead(key: str, options: Mapping[str, object]) -> str:
+    """Where the option meant by an ignored ``key`` comes from instead, when it has a default.
+
+    A mistyped or invalid ``expandable_segments`` leaves the built-in default in effect, so a
+    run shows ``expandable_segments:True`` beside the warning: say so, not to puzzle.
+    """
+    meant = key if key in allocconf.KEYS else closest(key, allocconf.KEYS)
+    if meant not in DEFAULT_ALLOCATOR or (meant != key and meant in options):
+        return ""
+    default = f"{meant}:{DEFAULT_ALLOCATOR[meant]}"
+    return f"; {meant} then comes from the defaults ([allocator], built-in: {default})"
+
+
+def _items(
+    value: object, key: str, item: Item, layer: str, problems: list[Problem]
+) -> tuple[Mapping[str, Any], ...]:
+    """The valid entries of a ``[[rules]]`` or ``[[wrappers]]`` array, each name once."""
+    try:
+        check(key, TOP[key], value)
+    except PolicyError as exc:
+        problems.append(Problem(str(exc), f"No {item.noun} is read."))
+        return ()
+    kept: list[Mapping[str, Any]] = []
+    names: set[str] = set()
+    for index, data in enumerate(value):  # type: ignore[arg-type]
+        entry = _item(data, index, item, layer, problems)
+        if entry is None:
+            continue
+        if entry["name"] in names:  # a set, not a list: linear in the number of entries
+            problems.append(Problem(
+                f"{item.noun} {index + 1}: another {item.noun} is already named "
+                f"{entry['name']!r}", f"{item.noun.capitalize()} {index + 1} is ignored."))
+            continue
+        names.add(entry["name"])
+        kept.append(entry)
+    return tuple(kept)
+
+
+def _item(
+    data: object, index: int, item: Item, layer: str, problems: list[Problem]
+) -> Mapping[str, Any] | None:
+    """One entry's checked values (with ``name``), or None when a mistake costs the entry:
+    anything but an invalid allocator option, which costs that option only."""
+    where = f"{item.noun} {index + 1}"
+    cost = f"{item.noun.capitalize()} {index + 1} is ignored."
+    if not isinstance(data, dict):
+        problems.append(Problem(f"{where} must be a table", cost))
+        return None
+    name = data.get("name") if item.name_required else data.get("name", f"{layer}-{index}")
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        problems.append(Problem(f"{where}: {NAME_RULE}", cost))
+        return None
+    where = f'{where} ("{name}")'
+    mine: list[Problem] = []
+    out: dict[str, Any] = {}
+    for key, value in _known_first(data, item.fields, where, mine, lambda _: cost):
+        _check_into(out, key, item.fields[key], value, where, mine, cost)
+    if not any(out.get(k) for k in item.needs):
+        mine.append(Problem(f"{where} needs at least one of {', '.join(item.needs)}", cost))
+    fatal = next((p for p in mine if p.cost == cost), None)
+    problems.extend([fatal] if fatal else mine)
+    return None if fatal else {**out, "name": name}
