@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,7 +18,7 @@ from typing import Any
 from autoalloc import entrypoint, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers, watches_training
-from autoalloc.plan import plan
+from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy, Rule
 
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
@@ -151,8 +152,46 @@ def explain(
     if result.decision.action == "none" and result.policy is not None:
         report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
         if not trains and watches_training(result.policy.rules):
-            report["training_rules"] = [r.name for r in result.policy.rules if r.training]
+            report["training_rules"] = list(
+                dict.fromkeys(r.name for r in result.policy.rules if r.training)
+            )
+        report["late"] = late_outlook(result, env, list(command or []))
     return report
+
+
+def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> list[dict[str, Any]]:
+    """For a program nothing decided at ``import torch``: each apply rule that can still decide
+    later (once it imports a trigger, or builds its optimizer having imported one), what the
+    program would then get, and the ``explain`` form that checks it. Empty: nothing can."""
+    out: list[dict[str, Any]] = []
+    for rule in result.policy.rules if result.policy is not None else ():
+        if rule.action != "apply" or not (rule.imports or rule.training):
+            continue
+        if any(item["rule"] == rule.name for item in out):
+            continue  # one line per rule name (a rule given in parts)
+        trigger = rule.imports[0] if rule.imports else None
+        imported = {trigger} if trigger else set()
+        if result.trains or not rule.training:
+            if trigger is None:
+                continue
+            after = result.after_import(trigger, env, (), late=True)
+        else:
+            after = result.after_training(env, imported, late=True)
+        if after.decision.action != "apply" or after.decision.rule != rule.name:
+            continue  # an earlier rule decides, or its checkout markers keep it out
+        flags = [*(["--import", trigger] if trigger else []), *(["--trains"] * rule.training)]
+        out.append(
+            {
+                "rule": rule.name,
+                "trains": rule.training,
+                "imports": list(rule.imports),
+                "not_imports": list(rule.not_imports),
+                "not_imports_unless": list(rule.not_imports_unless),
+                "value": after.decision.value,
+                "check": shlex.join(["autoalloc", "explain", *flags, "--", *command]),
+            }
+        )
+    return out
 
 
 def _entry_dict(entry: EntryPoint) -> dict[str, Any]:
@@ -246,10 +285,41 @@ def _render_policy(report: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _render_late(late: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A program decided late: what it will get and on what that depends, first line first."""
+    first = late[0]
+    kinds = {item["trains"] for item in late}
+    when = {
+        frozenset({True}): "once it trains (builds an optimizer) after importing",
+        frozenset({False}): "once it imports",
+    }.get(frozenset(kinds), "once it imports (or trains after importing)")
+    names = " or ".join(item["rule"] for item in late)
+    lines = [f"decision:     late: none now, {first['value']!r} {when} what {names} names:"]
+    for item in late:
+        need = "trains after importing" if item["trains"] else "imports"
+        lines.append(f"  {item['rule']}: {need} one of {_names(item['imports'])}")
+        if item["not_imports"]:
+            lines.append(f"    and none of {_names(item['not_imports'])}")
+        if item["not_imports_unless"]:
+            lines.append(f"    unless also one of {_names(item['not_imports_unless'])}")
+        if item["value"] != first["value"]:
+            lines.append(f"    gets {item['value']!r}")
+    widest = max(late, key=lambda item: len(item["imports"]))  # the most general rule
+    lines.append(f"check:        {widest['check']}")
+    return lines
+
+
+def _names(names: Sequence[str], shown: int = 6) -> str:
+    more = f" and {len(names) - shown} more (--json lists them)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def _render_decision(report: Mapping[str, Any]) -> list[str]:
     d = report["decision"]
     if d["action"] == "disabled" and not d["rule"]:
         lines = [f"decision:     disabled ({d['reason']})"]
+    elif d["action"] == "none" and report.get("late"):
+        lines = _render_late(report["late"])
     else:
         rule = f"  rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""
         lines = [f"decision:     {d['action']}{rule}"]
@@ -266,7 +336,7 @@ def _render_decision(report: Mapping[str, Any]) -> list[str]:
     if report.get("import_triggers"):
         watched = ", ".join(report["import_triggers"])
         lines.append(f"watching:     {watched} (an import of one of these can still decide)")
-    if report.get("training_rules"):
+    if report.get("training_rules") and not report.get("late"):
         names = ", ".join(report["training_rules"])
         lines.append(f"on training:  {names} (can still decide once the program trains)")
     lines += [f"warning:      {warning}" for warning in d["warnings"]]

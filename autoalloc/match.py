@@ -2,7 +2,8 @@
 
 A rule holds when its argv condition (if any) holds and any of its lists matches: the
 script path, the ``-m`` module, the console command, or a trigger module that has been
-imported. Pure: an entry point and a set of imported names in, a ``Match`` out; only
+imported (and none of its ``not_imports``, unless one of its ``not_imports_unless`` is too).
+Pure: an entry point and a set of imported names in, a ``Match`` out; only
 ``inside_checkout`` (an import trigger's ``outside`` markers) looks at the file system.
 """
 
@@ -63,11 +64,35 @@ def _argv_note(rule: Rule, entry: EntryPoint) -> str:
 
 
 def import_trigger(rule: Rule, entry: EntryPoint, imported: Container[str]) -> str | None:
-    """The first of the rule's trigger modules that is imported, when the argv condition holds."""
+    """The first of the rule's trigger modules that is imported, when the argv condition holds
+    and the ``not_imports`` condition too."""
     for name in rule.imports:
         if name in imported and rule.compiled.arguments(entry.args):
+            if _excluded_by(rule, imported):
+                return None
             return None if rule.outside and inside_checkout(entry, rule.outside) else name
     return None
+
+
+def _excluded_by(rule: Rule, imported: Container[str]) -> str | None:
+    """The first of the rule's ``not_imports`` that is imported, when none of its
+    ``not_imports_unless`` is: a few dozen set lookups."""
+    found = _first(rule.not_imports, imported)
+    return None if found is None or _first(rule.not_imports_unless, imported) else found
+
+
+def _first(names: Sequence[str], imported: Container[str]) -> str | None:
+    return next((name for name in names if name in imported), None)
+
+
+def _trigger_reason(rule: Rule, trigger: str, imported: Container[str]) -> str:
+    reason = f"module {trigger} is imported"
+    if not rule.not_imports:
+        return reason
+    against, despite = _first(rule.not_imports, imported), _first(rule.not_imports_unless, imported)
+    if against is None:
+        return reason + " (none of its not_imports is)"
+    return reason + f" ({against} of its not_imports too, outweighed by {despite})"
 
 
 def inside_checkout(entry: EntryPoint, markers: Sequence[str]) -> str | None:
@@ -115,7 +140,7 @@ def first_match(
             return Match(rule, reason + suffix)
         trigger = import_trigger(rule, entry, imported)
         if trigger:
-            return Match(rule, f"module {trigger} is imported{suffix}", trigger)
+            return Match(rule, _trigger_reason(rule, trigger, imported) + suffix, trigger)
         if rule.training and not (rule.scripts or rule.modules or rule.commands or rule.imports):
             if rule.compiled.arguments(entry.args):
                 return Match(rule, "the process builds an optimizer")

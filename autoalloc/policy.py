@@ -37,6 +37,13 @@ class Source:
         return f"{self.layer} ({self.path})"
 
 
+# Built-in rules merged into one: ``enable``/``disable`` of a former name acts on the new one
+# (``enable = ["tts-train"]`` turns on every other-audio trainer).
+RENAMED: Mapping[str, tuple[str, ...]] = {
+    "audio-training": ("tts-train", "enhancement-train", "classification-train"),
+}
+
+
 @dataclass(frozen=True)
 class Rule:
     """One ``[[rules]]`` entry, validated, with its patterns compiled."""
@@ -55,6 +62,8 @@ class Rule:
     enabled: bool = True  # false: off until a higher layer lists the name in `enable`
     outside: tuple[str, ...] = ()  # files marking toolkit checkouts where `imports` do not fire
     training: bool = False  # holds only once the process has built a torch optimizer
+    not_imports: tuple[str, ...] = ()  # an `imports` trigger holds only with none of these...
+    not_imports_unless: tuple[str, ...] = ()  # ... or with one of these too
 
 
 @dataclass(frozen=True)
@@ -269,11 +278,13 @@ def _wrappers(configs: Sequence[LayerConfig]) -> tuple[Wrapper, ...]:
 
 def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfig] | None:
     """``("enable" | "disable", layer)`` from the highest of ``configs`` (lowest first) that lists
-    ``name`` in ``enable`` or ``disable`` (``disable`` wins within one layer), else None."""
+    ``name`` (or a former name of it) in ``enable`` or ``disable`` (``disable`` wins within one
+    layer), else None."""
+    names = (name, *RENAMED.get(name, ()))
     for config in reversed(configs):
-        if name in config.disable:
+        if any(n in config.disable for n in names):
             return "disable", config
-        if name in config.enable:
+        if any(n in config.enable for n in names):
             return "enable", config
     return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from autoalloc import allocconf
@@ -49,6 +49,8 @@ class Item:
     fields: Mapping[str, Field]
     needs: tuple[str, ...]  # at least one of these must be given (and not empty or false)
     name_required: bool  # False: an unnamed entry is named "<layer>-<index>"
+    # key -> the key it qualifies, which must be given with it (not_imports needs imports)
+    requires: Mapping[str, str] = field(default_factory=dict)
 
 
 # What a policy's [allocator] holds before any file sets it: a rule that applies gets it.
@@ -71,9 +73,11 @@ RULE = Item(
         "commands": _STRINGS, "imports": _STRINGS, "argv": _STRINGS,
         "action": Field("choice", ACTIONS), "allocator": Field("allocator"), "enabled": _BOOL,
         "outside": Field("paths"), "training": _BOOL,
+        "not_imports": _STRINGS, "not_imports_unless": _STRINGS,
     },
     needs=("scripts", "modules", "commands", "imports", "training"),
     name_required=False,
+    requires={"not_imports": "imports", "not_imports_unless": "not_imports"},
 )
 
 WRAPPER_LISTS = (
@@ -308,7 +312,9 @@ def _items(
         entry = _item(data, index, item, layer, problems)
         if entry is None:
             continue
-        if entry["name"] in names:  # a set, not a list: linear in the number of entries
+        # the built-in file gives a rule in parts of one name (audio-training: its toolkits'
+        # command lines, and what other programs import), switched and replaced together
+        if entry["name"] in names and layer != "builtin":  # a set: linear in the entries
             problems.append(Problem(
                 f"{item.noun} {index + 1}: another {item.noun} is already named "
                 f"{entry['name']!r}", f"{item.noun.capitalize()} {index + 1} is ignored."))
@@ -339,6 +345,9 @@ def _item(
         _check_into(out, key, item.fields[key], value, where, mine, cost)
     if not any(out.get(k) for k in item.needs):
         mine.append(Problem(f"{where} needs at least one of {', '.join(item.needs)}", cost))
+    for key, other in item.requires.items():
+        if out.get(key) and not out.get(other):
+            mine.append(Problem(f"{where}: {key} needs {other}", cost))
     fatal = next((p for p in mine if p.cost == cost), None)
     problems.extend([fatal] if fatal else mine)
     return None if fatal else {**out, "name": name}

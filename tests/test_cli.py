@@ -89,8 +89,40 @@ def test_explain_text_and_launcher(sandbox: Sandbox) -> None:
     assert "decision:     apply  rule icefall-train from builtin" in out
     assert "PYTORCH_CUDA_ALLOC_CONF: (unset) -> 'expandable_segments:True'" in out
     none = autoalloc(sandbox, "explain", "--", "python", "-c", "pass")
-    assert "decision:     none" in none.stdout
     assert "watching:     asrkit" not in none.stdout and "espnet2.train.trainer" in none.stdout
+
+
+def test_explain_says_first_what_a_program_decided_late_will_get(sandbox: Sandbox) -> None:
+    """Own fine-tuning script, no rule names it: not `decision: none`, but what it gets once
+    it trains, which imports count, and the command that checks it."""
+    sandbox.write("finetune_whisper.py", "")
+    late = autoalloc(sandbox, "explain", "--", "python", "finetune_whisper.py")
+    lines = late.stdout.splitlines()
+    assert lines[0].startswith("decision:     late: none now, 'expandable_segments:True' once it")
+    assert "trains (builds an optimizer)" in lines[0] and "speech-training" in lines[0]
+    assert any(
+        x.startswith("  speech-training: trains after importing one of torchaudio, soundfile")
+        for x in lines
+    )
+    assert (
+        "check:        autoalloc explain --import torchaudio --trains -- python finetune_whisper.py"
+        in lines
+    )
+    check = autoalloc(
+        sandbox,
+        "explain",
+        "--import",
+        "torchaudio",
+        "--trains",
+        "--",
+        "python",
+        "finetune_whisper.py",
+    )
+    assert check.stdout.startswith("decision:     apply  rule speech-training from builtin")
+    # nothing can decide later once the late rules are off: then it is `none`
+    sandbox.user_policy('disable = ["speech-training", "asr-toolkit-imports"]\n')
+    off = autoalloc(sandbox, "explain", "--", "python", "finetune_whisper.py")
+    assert off.stdout.splitlines()[0] == "decision:     none"
 
 
 @pytest.mark.hook

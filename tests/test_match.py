@@ -128,3 +128,25 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
         name = "".join(rng.choice("ab.-[]!^*?") for _ in range(rng.randint(0, 6)))
         expected = re.match(fnmatch.translate(pattern), name, re.DOTALL) is not None
         assert NameGlob(pattern).match(name) is expected, (pattern, name)
+
+
+def test_not_imports_and_not_imports_unless() -> None:
+    found = rules(
+        {"name": "asr", "imports": ["audio"], "not_imports": ["tts"], "not_imports_unless": ["wer"]},
+        {"name": "any-audio", "imports": ["audio", "tts"]},
+    )
+    entry = script("/w/train.py")
+
+    def decided(*imported: str) -> tuple[str | None, str]:
+        match = first_match(found, entry, set(imported))
+        return (match.rule.name if match.rule else None), match.reason
+
+    assert decided("audio") == ("asr", "module audio is imported (none of its not_imports is)")
+    assert decided("audio", "tts") == ("any-audio", "module audio is imported")
+    assert decided("tts") == ("any-audio", "module tts is imported")
+    assert decided("audio", "tts", "wer") == (
+        "asr",
+        "module audio is imported (tts of its not_imports too, outweighed by wer)",
+    )
+    assert decided("wer") == (None, "")  # the companions are no triggers of their own
+    assert pending_triggers(found, {"audio"}) == {"tts"}

@@ -32,6 +32,10 @@ FAKE_NEMO = {
 }
 
 
+# The built-in toolkit triggers wait for an optimizer too: these tests watch an import of their own.
+TRIGGERS = '[[rules]]\nname = "toolkit-imports"\nimports = ["nemo.collections.asr", "icefall"]\n'
+
+
 def with_site(sandbox: Sandbox, files: dict[str, str]) -> dict[str, str]:
     """Write ``files`` (paths under ``site/``) and return the env that puts ``site`` on sys.path."""
     for path, text in files.items():
@@ -78,26 +82,29 @@ def test_the_spec_pickles_before_and_after_import(sandbox: Sandbox) -> None:
 
 
 def test_failed_optional_import_fires_nothing(sandbox: Sandbox) -> None:
-    """``try: import icefall`` with icefall absent: the built-in asr-toolkit-imports stays quiet."""
+    """``try: import icefall`` with icefall absent: an `imports` trigger stays quiet."""
+    sandbox.user_policy(TRIGGERS)
     body = "import torch\ntry:\n    import icefall\nexcept ImportError:\n    pass\n"
     assert_untouched(sandbox.run(["-c", body + PROBE]))
 
 
 def test_find_spec_of_a_trigger_fires_nothing(sandbox: Sandbox) -> None:
+    sandbox.user_policy(TRIGGERS)
     env = with_site(sandbox, {"site/icefall/__init__.py": ""})
     body = "import importlib.util, torch\nassert importlib.util.find_spec('icefall')\n"
     assert_untouched(sandbox.run(["-c", body + PROBE], env=env))
     # ... while a real import of the same package does fire
     fired = sandbox.run(["-c", "import torch, icefall\n" + PROBE], env=env)
-    assert_applied(fired, "asr-toolkit-imports")
+    assert_applied(fired, "toolkit-imports")
 
 
 def test_failed_vllm_probe_does_not_stop_a_later_trigger(sandbox: Sandbox) -> None:
+    sandbox.user_policy(TRIGGERS)
     env = with_site(sandbox, FAKE_NEMO)
     body = "import torch\ntry:\n    import vllm\nexcept ImportError:\n    pass\n"
     body += "import nemo.collections.asr\n"
     result = sandbox.run(["-c", body + PROBE], env=env)
-    assert_applied(result, "asr-toolkit-imports")
+    assert_applied(result, "toolkit-imports")
 
 
 def test_autoalloc_own_imports_are_not_the_programs(sandbox: Sandbox) -> None:
@@ -114,6 +121,7 @@ def test_imports_torch_matches_every_torch_process(sandbox: Sandbox) -> None:
 
 
 def test_a_mock_torch_is_never_configured(sandbox: Sandbox) -> None:
+    sandbox.user_policy(TRIGGERS)
     env = with_site(sandbox, FAKE_NEMO)
     body = textwrap.dedent(
         """

@@ -155,7 +155,7 @@ def test_deny_rules_still_win() -> None:
 
 def test_not_inside_a_checkout_with_rules_of_its_own(tmp_path: Path) -> None:
     # a renamed NeMo checkout: its TTS trainer imports torchaudio and builds an optimizer, and
-    # stays off (tts-train is off until enabled); the same script outside a checkout applies
+    # stays off (audio-training is off until enabled); the same script outside a checkout applies
     (tmp_path / "mynemo" / "nemo").mkdir(parents=True)
     (tmp_path / "mynemo" / "nemo" / "package_info.py").write_text("")
     inside = str(tmp_path / "mynemo" / "examples" / "tts" / "fastpitch.py")
@@ -189,7 +189,7 @@ def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sa
     sandbox.script("finetune.py", SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DEBUG": "1"})
     assert_applied(result, "speech-training")
-    assert "module soundfile is imported and it builds an optimizer" in result.stderr
+    assert "module soundfile is imported (none of its not_imports is) and it builds an optimizer" in result.stderr
     assert "via the runtime setter" in result.stderr
 
 
@@ -236,6 +236,42 @@ def test_autoalloc_disable_turns_training_off(sandbox: Sandbox) -> None:
     assert result.stderr == ""
 
 
+def _site(sandbox: Sandbox, *packages: str) -> dict[str, str]:
+    """Empty stand-in packages (``nemo.collections.asr``, ``phonemizer``) under ``site``, for
+    libraries the test venv does not have; returns the env that puts them on sys.path."""
+    for package in packages:
+        parts = package.split(".")
+        for i in range(1, len(parts) + 1):
+            sandbox.write(f"site/{'/'.join(parts[:i])}/__init__.py", "")
+    return {"PYTHONPATH": str(sandbox.work / "site")}
+
+
+def test_a_speech_to_text_trainer_with_text_targets(sandbox: Sandbox) -> None:
+    # a TTS front-end pulled in too (a toolkit's text normaliser): the WER scorer outweighs it
+    env = _site(sandbox, "jiwer", "pyopenjtalk")
+    sandbox.script("finetune.py", "import jiwer, pyopenjtalk\n" + SPEECH_FINETUNE)
+    result = sandbox.run(["finetune.py"], env={**env, "AUTOALLOC_DEBUG": "1"})
+    assert_applied(result, "speech-training")
+    assert "pyopenjtalk of its not_imports too, outweighed by jiwer" in result.stderr
+
+
+def test_a_tts_trainer_is_off_until_audio_training_is_enabled(sandbox: Sandbox) -> None:
+    env = _site(sandbox, "phonemizer", "auraloss")
+    sandbox.script("train_tts.py", "import phonemizer, auraloss\n" + SPEECH_FINETUNE)
+    assert_untouched(sandbox.run(["train_tts.py"], env=env))
+    sandbox.user_policy('enable = ["audio-training"]\n')
+    assert_applied(sandbox.run(["train_tts.py"], env=env), "audio-training")
+
+
+def test_an_asr_toolkit_import_without_an_optimizer_is_left_alone(sandbox: Sandbox) -> None:
+    env = _site(sandbox, "nemo.collections.asr")
+    export = "import nemo.collections.asr, torch\ntorch.nn.Linear(4, 2)(torch.randn(1, 4))\n"
+    sandbox.script("export_nemo.py", export)
+    assert_untouched(sandbox.run(["export_nemo.py"], env=env))
+    sandbox.script("train_nemo.py", SPEECH_FINETUNE.replace("soundfile", "nemo.collections.asr"))
+    assert_applied(sandbox.run(["train_nemo.py"], env=env), "asr-toolkit-imports")
+
+
 WRAPPED = (
     "import torch\nprint('WRAPPED', hasattr(torch.optim.Optimizer.__init__, '_autoalloc_training'))\n"
 )
@@ -244,7 +280,7 @@ WRAPPED = (
 def test_the_optimizer_hook_only_when_a_rule_needs_it(sandbox: Sandbox) -> None:
     result = sandbox.run(["-c", WRAPPED])
     assert "WRAPPED True" in result.stdout, result.stderr
-    sandbox.user_policy('disable = ["speech-training"]\n')
+    sandbox.user_policy('disable = ["speech-training", "asr-toolkit-imports"]\n')
     result = sandbox.run(["-c", WRAPPED])
     assert "WRAPPED False" in result.stdout, result.stderr
 
@@ -319,7 +355,9 @@ def test_explain_trains(sandbox: Sandbox) -> None:
         return json.loads(result.stdout)
 
     plain = explain("--import", "soundfile")
-    assert plain["decision"]["action"] == "none" and plain["training_rules"] == ["speech-training"]
+    assert plain["decision"]["action"] == "none"
+    assert plain["training_rules"] == ["asr-toolkit-imports", "speech-training"]
+    assert [item["rule"] for item in plain["late"]] == ["asr-toolkit-imports", "speech-training"]
     trained = explain("--import", "soundfile", "--trains")
     assert (trained["decision"]["action"], trained["decision"]["rule"]) == ("apply", "speech-training")
     assert trained["decision"]["setter_value"] == ES and trained["trains"] is True
