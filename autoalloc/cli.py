@@ -85,6 +85,8 @@ def _check_file(path: str) -> list[str]:
     from autoalloc.policy import PolicyError, Source, salvage
 
     layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
+    if os.path.abspath(path) == sources.BUILTIN_PATH:
+        layer = "builtin"  # its rules may come in parts of one name
     try:
         table = sources.policy_table(path, sources.read_bytes(path))
     except FileNotFoundError:
