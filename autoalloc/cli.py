@@ -7,8 +7,8 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from autoalloc import __version__, sources
 from autoalloc.envvars import CONFIG_VAR
@@ -156,39 +156,26 @@ example: autoalloc ab --steps 50 -- python train.py --config my.yaml
 """
 
 
-def _split_command(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, []
-
-
-def ab_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autoalloc ab",
-        usage="autoalloc ab [options] -- CMD ...",
-        description=AB_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _ab_options(p: argparse.ArgumentParser) -> None:
     add = p.add_argument
     add("--steps", type=int, default=50, help="optimizer steps measured after the warm-up (50)")
     add("--warmup", type=int, default=20, help="warm-up steps left out of the figures (20)")
     add("--repeat", type=int, default=2, help="runs per arm, interleaved (2)")
     add("--timeout", type=float, default=1800, help="seconds one run may take (1800)")
     add("--out", default="autoalloc-ab", help="directory for logs, reports, ab.json, ab.png")
-    return p
+    add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to measure")
 
 
-def _cmd_ab(argv: list[str]) -> int:
+def _cmd_ab(args: argparse.Namespace) -> int:
     from autoalloc.ab import arms as ab_arms
     from autoalloc.ab import runner, table
     from autoalloc.ab.plot import plot
     from autoalloc.explain import explain
 
-    options, command = _split_command(argv)
-    args = ab_parser().parse_args(options)
+    command = args.command
     if not command:
-        ab_parser().error("no command: autoalloc ab [options] -- CMD ...")
+        print("autoalloc ab: error: no command: autoalloc ab [options] -- CMD ...", file=sys.stderr)
+        return 2
     arms = ab_arms.ab_arms(command, explain(command), os.environ)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
@@ -229,43 +216,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from autoalloc.bench import command
-
-    return command.main(args.bench_args)
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autoalloc",
-        description="Sets PyTorch's CUDA allocator options (expandable_segments) for matching "
-        "programs, before torch initializes CUDA.",
-    )
-    p.add_argument("--version", action="version", version=f"autoalloc {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    _add_explain(sub)
-    _add_doctor(sub)
-    _add_init(sub)
-    _add_check(sub)
-    _add_measurement_commands(sub)
-    _add_bench(sub)
-    return p
-
-
-def _add_explain(sub: Any) -> None:
-    e = sub.add_parser(
-        "explain",
-        help="show what autoalloc would do for a command, without running it",
-        description="Show the entry point as autoalloc sees it, every policy layer, the rules in "
-        "match order, "
-        "the deciding rule and the resulting environment, without running CMD. "
-        "Example: autoalloc explain -- python examples/asr/asr_ctc/speech_to_text_ctc.py",
-    )
-    e.add_argument("--json", action="store_true", help="machine-readable output")
-    e.add_argument(
+def _explain_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument(
         "-v", "--verbose", action="store_true", help="list every rule, built-in ones included"
     )
-    e.add_argument(
+    p.add_argument(
         "--import",
         dest="imports",
         action="append",
@@ -274,94 +230,175 @@ def _add_explain(sub: Any) -> None:
         help="decide as if the program imported MODULE (repeatable): what a notebook or a "
         "script that imports a toolkit would get",
     )
-    e.add_argument(
+    p.add_argument(
         "--trains",
         action="store_true",
         help="decide as once the program has built its optimizer (rules with training = true)",
     )
-    e.add_argument(
+    p.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to explain"
     )
-    e.set_defaults(func=_cmd_explain)
 
 
-def _add_doctor(sub: Any) -> None:
-    d = sub.add_parser(
-        "doctor",
+def _json_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _init_options(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--project", action="store_true", help="./autoalloc.toml (default)")
+    where.add_argument("--user", action="store_true", help="the user config file (platformdirs)")
+
+
+def _check_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="*", metavar="PATH")
+
+
+def _report_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH")
+    p.add_argument("--json", action="store_true", help="the reports as one JSON list")
+
+
+def _bench_options(p: argparse.ArgumentParser) -> None:
+    from autoalloc.bench import command
+
+    p.description = command.DESCRIPTION
+    command.declare(p)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from autoalloc.bench import command
+
+    return command.run(args)
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its line in the list, its ``--help`` text, its options, what runs it."""
+
+    name: str
+    help: str
+    options: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+    description: str = ""  # the --help text (default: ``help``)
+    usage: str | None = None
+    raw: bool = False  # the description is laid out already (line breaks kept)
+
+
+COMMANDS = (
+    Command(
+        name="explain",
+        help="show what autoalloc would do for a command, without running it",
+        description="Show the entry point as autoalloc sees it, every policy layer, the rules "
+        "in match order, the deciding rule and the resulting environment, without running "
+        "CMD. Example: autoalloc explain -- python examples/asr/asr_ctc/speech_to_text_ctc.py",
+        options=_explain_options,
+        run=_cmd_explain,
+    ),
+    Command(
+        name="doctor",
         help="import torch and report what it actually uses",
         description="Import torch in this process and report what torch itself says is in "
         "effect, what autoalloc decided and why, whether the hook is installed and live, and "
         "anything that defeats it. Exit status 0 when the policy's intent is in effect (or "
         "nothing was intended), 1 otherwise.",
-    )
-    d.add_argument("--json", action="store_true", help="machine-readable output")
-    d.set_defaults(func=_cmd_doctor)
-
-
-def _add_init(sub: Any) -> None:
-    i = sub.add_parser(
-        "init",
+        options=_json_option,
+        run=_cmd_doctor,
+    ),
+    Command(
+        name="init",
         help="write a commented starter policy (refuses to overwrite)",
-        description="Write a commented starter policy: ./autoalloc.toml (--project, the default) "
-        "or the user "
-        "config file (--user). An existing file is never overwritten.",
-    )
-    where = i.add_mutually_exclusive_group()
-    where.add_argument("--project", action="store_true", help="./autoalloc.toml (default)")
-    where.add_argument("--user", action="store_true", help="the user config file (platformdirs)")
-    i.set_defaults(func=_cmd_init)
-
-
-def _add_check(sub: Any) -> None:
-    c = sub.add_parser(
-        "check",
+        description="Write a commented starter policy: ./autoalloc.toml (--project, the "
+        "default) or the user config file (--user). An existing file is never overwritten.",
+        options=_init_options,
+        run=_cmd_init,
+    ),
+    Command(
+        name="check",
         help="validate policy files; exit 1 on errors",
         description="Validate policy files (autoalloc.toml, pyproject.toml [tool.autoalloc], "
-        "user/site "
-        "config.toml). Without PATH, checks every layer the hook reads for the working "
-        "directory, the file named by AUTOALLOC_CONFIG included (a name that does not exist is "
-        "an error). "
-        "Exit status 1 when any file has an error: usable in pre-commit and CI.",
-    )
-    c.add_argument("paths", nargs="*", metavar="PATH")
-    c.set_defaults(func=_cmd_check)
-
-
-def _add_measurement_commands(sub: Any) -> None:
-    """``ab`` (its options are parsed by ``ab_parser``) and ``report``."""
-    a = sub.add_parser(
-        "ab", help="A/B of your own command with the allocator options on and off", add_help=False
-    )
-    a.add_argument("ab_args", nargs=argparse.REMAINDER)
-    r = sub.add_parser(
-        "report",
+        "user/site config.toml). Without PATH, checks every layer the hook reads for the "
+        "working directory, the file named by AUTOALLOC_CONFIG included (a name that does not "
+        "exist is an error). Exit status 1 when any file has an error: usable in pre-commit "
+        "and CI.",
+        options=_check_options,
+        run=_cmd_check,
+    ),
+    Command(
+        name="ab",
+        help="A/B of your own command with the allocator options on and off",
+        description=AB_HELP,
+        usage="autoalloc ab [options] -- CMD ...",
+        raw=True,
+        options=_ab_options,
+        run=_cmd_ab,
+    ),
+    Command(
+        name="report",
         help="render AUTOALLOC_REPORT files as a table",
         description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
-    )
-    r.add_argument("paths", nargs="+", metavar="PATH")
-    r.add_argument("--json", action="store_true", help="the reports as one JSON list")
-    r.set_defaults(func=_cmd_report)
-
-
-def _add_bench(sub: Any) -> None:
-    b = sub.add_parser(
-        "bench",
+        options=_report_options,
+        run=_cmd_report,
+    ),
+    Command(
+        name="bench",
         help="GPU A/B benchmark of dynamic-shape ASR-like training (CPU smoke run without a GPU)",
-        add_help=False,
+        options=_bench_options,  # and bench's description
+        run=_cmd_bench,
+    ),
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The whole command line: one subparser per entry of ``COMMANDS``."""
+    p = argparse.ArgumentParser(
+        prog="autoalloc",
+        description="Sets PyTorch's CUDA allocator options (expandable_segments) for matching "
+        "programs, before torch initializes CUDA.",
     )
-    b.add_argument("bench_args", nargs=argparse.REMAINDER)
-    b.set_defaults(func=_cmd_bench)
+    p.add_argument("--version", action="version", version=f"autoalloc {__version__}")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
+    for command in COMMANDS:
+        one = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description or command.help,
+            usage=command.usage,
+            formatter_class=argparse.RawDescriptionHelpFormatter
+            if command.raw
+            else argparse.HelpFormatter,
+        )
+        command.options(one)
+        one.set_defaults(run=command.run)
+    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bench"]:  # REMAINDER would reject bench's own leading options (--quick)
-        from autoalloc.bench import command
+    """``autoalloc COMMAND ...``; bare ``autoalloc`` lists the commands. Quiet on a closed
+    pipe (``autoalloc explain -- CMD | head -3``): exit status 1, no traceback."""
+    try:
+        try:
+            return _dispatch(list(sys.argv[1:] if argv is None else argv))
+        finally:
+            if sys.stdout is not None:
+                sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
+    except BrokenPipeError:
+        # What Python's documentation advises (signal module, "Note on SIGPIPE"): point stdout
+        # at devnull, so that the interpreter's flush at exit does not fail a second time.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 1
 
-        return command.main(argv[1:])
-    if argv[:1] == ["ab"]:
-        return _cmd_ab(argv[1:])
-    args = parser().parse_args(argv)
+
+def _dispatch(argv: list[str]) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        return 0
     if getattr(args, "command", None) and args.command[:1] == ["--"]:
         args.command = args.command[1:]
-    return args.func(args)
+    return args.run(args)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from autoalloc import cli
 from tests.conftest import Sandbox
 
 GOLDEN = Path(__file__).parent / "golden" / "explain_project_rule.json"
@@ -159,10 +162,58 @@ def test_check(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.hook
-@pytest.mark.parametrize("cmd", ["explain", "doctor", "init", "check"])
+@pytest.mark.parametrize("cmd", [c.name for c in cli.COMMANDS])
 def test_help(sandbox: Sandbox, cmd: str) -> None:
     result = autoalloc(sandbox, cmd, "--help")
-    assert result.returncode == 0 and "usage: autoalloc" in result.stdout
+    assert result.returncode == 0 and f"usage: autoalloc {cmd}" in result.stdout, result.stderr
+
+
+@pytest.mark.hook
+def test_bare_autoalloc_lists_the_commands(sandbox: Sandbox) -> None:
+    result = autoalloc(sandbox)
+    assert result.returncode == 0 and result.stderr == ""
+    listed = re.findall(r"^    (\S+)", result.stdout, re.MULTILINE)  # wrapped help: deeper
+    assert listed == [c.name for c in cli.COMMANDS]
+
+
+# Every command, run so that its first write meets a closed pipe (`... | head -3` that has
+# ended): quiet, whatever the command, with PYTHONUNBUFFERED=1 as training containers set it.
+CLOSED_PIPE = [
+    ["explain", "--", "python", "train.py"],
+    ["explain", "--json"],
+    ["doctor"],
+    ["init"],
+    ["check", "autoalloc.toml"],
+    ["report", "report.json"],
+    ["ab", "--help"],
+    ["bench", "--help"],
+    ["--version"],
+    [],
+]
+
+
+@pytest.mark.hook
+@pytest.mark.parametrize("argv", CLOSED_PIPE, ids=[" ".join(a) or "bare" for a in CLOSED_PIPE])
+def test_a_closed_pipe_is_quiet(sandbox: Sandbox, argv: list[str]) -> None:
+    if argv[:1] != ["init"]:  # init writes it, and refuses to overwrite one
+        sandbox.write("autoalloc.toml", '[[rules]]\nname = "a"\nscripts = ["x.py"]\n')
+    sandbox.write("report.json", json.dumps({"pid": 1, "steps": 0, "step_times": []}))
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write: EPIPE every time
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "autoalloc", *argv],
+            cwd=sandbox.work,
+            env={**sandbox.env, "PYTHONUNBUFFERED": "1"},
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        os.close(write)
+    assert "Error" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert result.returncode in (0, 1)
 
 
 def test_console_script_and_module_agree(sandbox: Sandbox) -> None:

@@ -28,7 +28,15 @@ from autoalloc.ab.arms import Arm
 from autoalloc.ab.plot import plot
 from autoalloc.allocconf import ALL_VARS, CUDA_VAR
 from autoalloc.bench import schedule
-from autoalloc.bench.workload import ES_ON, GIB, PRESETS, SETTINGS_TAG
+from autoalloc.bench.workload import (
+    ES_ON,
+    GIB,
+    MODEL_OPTIONS,
+    PRESETS,
+    SETTINGS_TAG,
+    presets,
+    shape_options,
+)
 from autoalloc.envvars import DISABLE_VAR, REPORT_VAR
 
 HOOK_RULE = "autoalloc-bench"
@@ -53,15 +61,6 @@ ARMS: dict[str, tuple[tuple[str, ...], str, bool]] = {
     "static-off": (("--static",), "off", False),
 }
 PAIRS = (("on", "off"), ("setter", "off"), ("static-on", "static-off"))
-MODEL_OPTIONS = (
-    "d_model",
-    "layers",
-    "heads",
-    "ffn",
-    "vocab",
-    "subsampling_channels",
-    "conv_kernel",
-)
 
 
 def arm_env(kind: str, policy: str) -> dict[str, str | None]:
@@ -91,15 +90,23 @@ def make_arms(names: Sequence[str], base: Sequence[str], policy: str) -> list[Ar
     return arms
 
 
+DESCRIPTION = (
+    "A/B of PyTorch's caching allocator on a synthetic dynamic-shape ASR training loop near "
+    "the memory cap (python -m autoalloc.bench.workload), on the runner of `autoalloc ab`: "
+    "autoalloc's hook vs off, NeMo's runtime setter, and static-shape controls. Without a GPU "
+    "it says so, runs the CPU smoke path (plumbing only) and exits 0."
+)
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="autoalloc bench",
-        description="A/B of PyTorch's caching allocator on a synthetic dynamic-shape ASR training "
-        "loop near the memory cap (python -m autoalloc.bench.workload), on the runner of "
-        "`autoalloc ab`: autoalloc's hook vs off, NeMo's runtime setter, and static-shape "
-        "controls. Without a GPU it "
-        "says so, runs the CPU smoke path (plumbing only) and exits 0.",
-    )
+    """``python -m autoalloc.bench``'s parser; ``autoalloc bench`` declares the same options."""
+    p = argparse.ArgumentParser(prog="autoalloc bench", description=DESCRIPTION)
+    declare(p)
+    return p
+
+
+def declare(p: argparse.ArgumentParser) -> None:
+    """Bench's options; those it hands to the workload are the workload's own declarations."""
     p.add_argument(
         "--quick", action="store_true", help="small model, 60 steps: a few minutes on one GPU"
     )
@@ -110,24 +117,15 @@ def parser() -> argparse.ArgumentParser:
         "--check-settings",
         action="store_true",
         help="only check that each arm's process gets the allocator setting it intends "
-        "(no training; "
-        "exact on CUDA builds even without a GPU)",
+        "(no training; exact on CUDA builds even without a GPU)",
     )
     p.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})"
     )
-    p.add_argument("--repeats", type=int, help="runs per arm, interleaved (full: 2)")
-    p.add_argument("--steps", type=int, help="measured steps per run (full: 300, quick: 60)")
-    p.add_argument("--warmup", type=int, help="warm-up steps (full: 20, quick: 10)")
-    p.add_argument(
-        "--max-duration", type=float, help="seconds of audio per batch (full: 600, quick: 300)"
-    )
-    p.add_argument("--buckets", type=int, help="duration buckets (full: 30, quick: 10)")
-    p.add_argument("--seed", type=int, default=1234)
-    for key in MODEL_OPTIONS:
-        p.add_argument(
-            f"--{key.replace('_', '-')}", type=int, help=f"model: {key.replace('_', ' ')}"
-        )
+    p.add_argument("--repeats", type=int, help="runs per arm, interleaved" + presets("repeats"))
+    p.add_argument("--steps", type=int, help="measured steps per run" + presets("steps"))
+    p.add_argument("--warmup", type=int, help="warm-up steps" + presets("warmup"))
+    shape_options(p, with_presets=True)
     p.add_argument(
         "--fill", type=float, default=0.88, help="target peak allocated / cap (default 0.88)"
     )
@@ -143,7 +141,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--python", default=sys.executable, help="interpreter for the runs (default: this one)"
     )
-    return p
 
 
 def settings(args: argparse.Namespace, mode: str) -> dict[str, Any]:
@@ -434,7 +431,12 @@ def write_outputs(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(list(argv) if argv is not None else None)
+    """``python -m autoalloc.bench``: the same as ``autoalloc bench``."""
+    return run(parser().parse_args(list(argv) if argv is not None else None))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the bench the options ask for; the exit status."""
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = [a for a in arms if a not in ARMS]
     if unknown:

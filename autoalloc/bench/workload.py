@@ -89,6 +89,30 @@ PRESETS = {
 }
 
 
+MODEL_OPTIONS = (
+    "d_model", "layers", "heads", "ffn", "vocab", "subsampling_channels", "conv_kernel",
+)
+# The options the workload takes that `autoalloc bench` passes on: (key, type, help).
+SHAPE_OPTIONS: tuple[tuple[str, type, str], ...] = (
+    ("max_duration", float, "seconds of audio per batch"),
+    ("buckets", int, "duration buckets"),
+    *((key, int, f"model: {key.replace('_', ' ')}") for key in MODEL_OPTIONS),
+)
+
+
+def presets(key: str) -> str:
+    """`` (full: 600, quick: 300)``: a setting's value in the presets a user picks."""
+    return " (" + ", ".join(f"{name}: {PRESETS[name][key]:g}" for name in ("full", "quick")) + ")"
+
+
+def shape_options(p: argparse.ArgumentParser, with_presets: bool = False) -> None:
+    """The batch-shape and model options, and ``--seed``: the workload's and bench's."""
+    for key, kind, text in SHAPE_OPTIONS:
+        text += presets(key) if with_presets else ""
+        p.add_argument(f"--{key.replace('_', '-')}", type=kind, help=text)
+    p.add_argument("--seed", type=int, default=1234)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m autoalloc.bench.workload",
@@ -110,22 +134,10 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cap-gb", type=float, help="memory cap in GiB (per-process memory fraction)")
-    p.add_argument("--max-duration", type=float, help="seconds of audio per batch")
-    p.add_argument("--buckets", type=int, help="duration buckets")
+    shape_options(p)
     p.add_argument(
         "--quadratic-duration", type=float, help="Lhotse's quadratic_duration (default: off)"
     )
-    p.add_argument("--seed", type=int, default=1234)
-    for key in (
-        "d-model",
-        "layers",
-        "heads",
-        "ffn",
-        "vocab",
-        "subsampling-channels",
-        "conv-kernel",
-    ):
-        p.add_argument(f"--{key}", type=int, help=f"model: {key.replace('-', ' ')}")
     p.add_argument(
         "--probe",
         metavar="PATH",
@@ -140,17 +152,7 @@ def parser() -> argparse.ArgumentParser:
 def config(args: argparse.Namespace) -> dict[str, Any]:
     """The preset with the command line's overrides."""
     cfg = dict(PRESETS[args.preset])
-    for key in (
-        "max_duration",
-        "buckets",
-        "d_model",
-        "layers",
-        "heads",
-        "ffn",
-        "vocab",
-        "subsampling_channels",
-        "conv_kernel",
-    ):
+    for key, _, _ in SHAPE_OPTIONS:
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     cfg["run_steps"] = args.steps if args.steps is not None else cfg["steps"] + cfg["warmup"]
