@@ -180,7 +180,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
     steps, warmup, repeat = max(1, args.steps), max(1, args.warmup), max(1, args.repeat)
-    plan = runner.Plan(steps, warmup, repeat, args.timeout, args.out)
+    plan = runner.Plan(
+        steps=steps, warmup=warmup, repeat=repeat, timeout=args.timeout, out=args.out
+    )
     runs = runner.run_all(arms, plan)
     data = runner.result(arms, plan, runs, [])
     text = table.render_ab(data)

@@ -138,27 +138,32 @@ def parse_applied(text: str | None) -> tuple[str, str] | None:
     return rule, value
 
 
+def _as_found(entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None) -> dict:
+    """A decision's fields for the environment as it is: the variables set, what torch reads."""
+    read_var = allocconf.effective_var(env, torch)
+    return {
+        "entry": entry,
+        "torch": torch,
+        "env_before": {name: env[name] for name in ALL_VARS if name in env},
+        "read_var": read_var,
+        "value": env.get(read_var, "") if read_var else "",
+    }
+
+
 def disabled(
     entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None, reason: str
 ) -> Decision:
     """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent
     process wrote."""
-    read_var = allocconf.effective_var(env, torch)
-    current = env.get(read_var, "") if read_var else ""
-    base = {
-        "entry": entry,
-        "torch": torch,
-        "read_var": read_var,
-        "value": current,
-        "env_before": {name: env[name] for name in ALL_VARS if name in env},
-    }
+    base = _as_found(entry, env, torch)
+    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
     undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
     if undone is not None:
         reason += (
             f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
         )
-    return Decision("disabled", reason=reason, **(undone or base))
+    return Decision(action="disabled", reason=reason, **(undone or base))
 
 
 def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
@@ -270,29 +275,23 @@ def decide(
     1. a parent process of this job applied options: inherited (or undone for a skip rule);
     2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
     """
-    read_var = allocconf.effective_var(env, torch)
-    current = env.get(read_var, "") if read_var else ""
-    base = {
-        "entry": entry,
-        "torch": torch,
-        "env_before": {name: env[name] for name in ALL_VARS if name in env},
-        "read_var": read_var,
-        "value": current,
-    }
+    base = _as_found(entry, env, torch)
+    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
     if applied is not None and applied[1] == current:  # 1
         return _from_parent(policy, entry, env, torch, imported, base, applied[0], trains)
     warnings = tuple(layer_warnings(policy))
     if not policy.enabled.value:  # 2
         where = policy.enabled.source.describe() if policy.enabled.source else "?"
-        return Decision("disabled", reason=f"enabled = false in {where}", warnings=warnings, **base)
+        why = f"enabled = false in {where}"
+        return Decision(action="disabled", reason=why, warnings=warnings, **base)
     match = first_match(policy.rules, entry, imported, trains)  # 3
     rule = match.rule
     if rule is None:
-        return Decision("none", reason="no rule matches", warnings=warnings, **base)
+        return Decision(action="none", reason="no rule matches", warnings=warnings, **base)
     if rule.action == "skip":
         return Decision(
-            "skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason,
+            action="skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason,
             trigger=match.trigger, warnings=warnings, **base,
         )  # fmt: skip
     resolved = resolve(policy, rule, entry, env, torch, late, platform)
@@ -320,12 +319,13 @@ def _from_parent(
         if undone is not None:
             restoring = "restoring the allocator variables a parent process changed"
             return Decision(
-                "skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
+                action="skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
                 reason=f"{denied.reason}; {restoring} (rule {parent_rule})",
                 trigger=denied.trigger, **undone,
             )  # fmt: skip
     return Decision(
-        "inherited", rule=parent_rule or None, rule_source=f"a parent process ({APPLIED_VAR})",
+        action="inherited", rule=parent_rule or None,
+        rule_source=f"a parent process ({APPLIED_VAR})",
         reason=f"a parent process applied rule {parent_rule}", **base,
     )  # fmt: skip
 
@@ -570,11 +570,11 @@ def _finish(
     current = env.get(read_var, "") if read_var else ""
     rule, torch = state.rule, state.torch
     return Decision(
-        "apply",
-        entry,
-        torch,
-        rule.name,
-        rule.source.describe(),
+        action="apply",
+        entry=entry,
+        torch=torch,
+        rule=rule.name,
+        rule_source=rule.source.describe(),
         requested=dict(state.ours),
         env_before=env_before,
         read_var=allocconf.effective_var({**env, **writes}, torch),

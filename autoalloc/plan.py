@@ -122,18 +122,19 @@ def plan(
         messages.debug(f"{entry.describe()} runs another program: deciding for {inner}")
     workers = wrappers.worker_argv(program, python or sys.executable or "python")
     matched = utf8_entry(program.entry)  # matched as text; the file system gets the original
-    args = (entry, matched, tuple(workers) if workers else None, torch)
+    made = {"entry": entry, "decided_for": matched, "torch": torch, "imported": seen,
+            "workers": tuple(workers) if workers else None, "program": program}
     # 2. AUTOALLOC_DISABLE: nothing of autoalloc's, not even what a parent process wrote.
     if policy is None:
         decision = disabled(matched, env, torch, f"{DISABLE_VAR} is set")
-        return Plan(*args, None, decision, seen, program)
+        return Plan(**made, policy=None, decision=decision)
     # 4. The decision.
     if rule is None:
         decision = decide(policy, matched, env, torch, seen, late=late, platform=platform,
                           trains=trains)
     else:
         decision = _as_if(policy, rule, matched, env, torch, late, platform)
-    return Plan(*args, policy, decision, seen, program, trains)
+    return Plan(**made, policy=policy, decision=decision, trains=trains)
 
 
 def _as_if(

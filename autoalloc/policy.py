@@ -177,12 +177,16 @@ def _rule(checked: Mapping[str, Any], source: Source) -> Rule:
 
 @dataclass(frozen=True)
 class LayerStatus:
-    """What happened to one layer: ``found``, ``missing``, ``error``, ``untrusted`` or ``unset``."""
+    """One policy layer as read: where it is, what happened (``found``, ``missing``, ``error``,
+    ``untrusted`` or ``unset``), and what it holds."""
 
     layer: LayerName
     path: str | None
     status: LayerState
     message: str = ""
+    # the parsed autoalloc table, for a file found and readable
+    table: object = field(default=None, compare=False, repr=False)
+    config: LayerConfig | None = field(default=None, compare=False, repr=False)  # validated
 
 
 
@@ -212,22 +216,18 @@ class Policy:
         return options
 
 
+# The top-level settings a layer may set, and their values when none does.
+SCALARS = {"enabled": True, "on_conflict": "keep", "on_setter": "warn", "adaptive": "off"}
+
+
 def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) -> Policy:
     """Compose validated layers, given lowest first."""
-    enabled = Valued(True)
-    on_conflict = Valued("keep")
-    on_setter = Valued("warn")
-    adaptive = Valued("off")
+    settings = {key: Valued(value) for key, value in SCALARS.items()}
     allocator: dict[str, Valued] = {k: Valued(v) for k, v in DEFAULT_ALLOCATOR.items()}
-    for config in configs:
-        if config.enabled is not None:
-            enabled = Valued(config.enabled, config.source)
-        if config.on_conflict is not None:
-            on_conflict = Valued(config.on_conflict, config.source)
-        if config.on_setter is not None:
-            on_setter = Valued(config.on_setter, config.source)
-        if config.adaptive is not None:
-            adaptive = Valued(config.adaptive, config.source)
+    for config in configs:  # lowest first: a higher layer's setting overrides
+        for key in SCALARS:
+            if getattr(config, key) is not None:
+                settings[key] = Valued(getattr(config, key), config.source)
         for key, value in config.allocator.items():
             allocator[key] = Valued(value, config.source)
     rules: list[Rule] = []
@@ -259,8 +259,8 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     order = {layer: i for i, layer in enumerate(LAYERS)}
     rules.sort(key=lambda r: -order.get(r.source.layer, 0))  # stable: file order kept
     return Policy(
-        tuple(layers), tuple(configs), enabled, on_conflict, allocator, tuple(rules), dropped,
-        on_setter, switched_on, _wrappers(configs), adaptive,
+        layers=tuple(layers), configs=tuple(configs), allocator=allocator, rules=tuple(rules),
+        dropped=dropped, switched_on=switched_on, wrappers=_wrappers(configs), **settings,
     )
 
 

@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from autoalloc import messages, wrappers
 from autoalloc.entrypoint import EntryPoint
@@ -24,7 +24,6 @@ from autoalloc.envvars import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.policy import (
     LayerConfig,
     LayerName,
-    LayerState,
     LayerStatus,
     Policy,
     PolicyError,
@@ -267,21 +266,6 @@ _UNTRUSTED = (
 )
 
 
-@dataclass(frozen=True)
-class LayerFile:
-    """One policy layer as read: where it is, what happened, and what it holds."""
-
-    layer: LayerName
-    path: str | None
-    status: LayerState
-    message: str = ""
-    table: object = None  # the parsed autoalloc table, for a file found and readable
-    config: LayerConfig | None = None  # the validated table
-
-    def record(self) -> LayerStatus:
-        return LayerStatus(self.layer, self.path, self.status, self.message)
-
-
 def _examinable(path: str) -> bool:
     """False when a permission on the way keeps ``path`` from being examined at all.
 
@@ -299,7 +283,7 @@ def _examinable(path: str) -> bool:
     return True
 
 
-def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerFile | None:
+def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus | None:
     """The project layer from ``path``, or None when the search goes on past it."""
     if not _examinable(path):
         return None
@@ -312,16 +296,16 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerFile | 
                     return None
             except LayerError:
                 pass
-            return LayerFile("project", path, "untrusted", _UNTRUSTED)
+            return LayerStatus("project", path, "untrusted", _UNTRUSTED)
         table = policy_table(path, data)
     except FileNotFoundError:
         return None
     except LayerError as exc:
-        return LayerFile("project", path, "error", str(exc))
-    return None if table is None else LayerFile("project", path, "found", table=table)
+        return LayerStatus("project", path, "error", str(exc))
+    return None if table is None else LayerStatus("project", path, "found", table=table)
 
 
-def _find(start: str | None, trusted: Sequence[str] | None) -> LayerFile | None:
+def _find(start: str | None, trusted: Sequence[str] | None) -> LayerStatus | None:
     """The nearest project policy (``trusted`` None: no ownership check)."""
     if not start:
         return None
@@ -333,7 +317,7 @@ def _find(start: str | None, trusted: Sequence[str] | None) -> LayerFile | None:
     return None
 
 
-def find_project(start: str | None) -> LayerFile | None:
+def find_project(start: str | None) -> LayerStatus | None:
     """The nearest project policy searched upward from ``start``, without ownership checks.
 
     ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
@@ -342,7 +326,7 @@ def find_project(start: str | None) -> LayerFile | None:
     return _find(start, None)
 
 
-def _validated(read: LayerFile, allow_trust: bool) -> LayerFile:
+def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
     if read.status != "found":
         return read
     try:
@@ -355,35 +339,35 @@ def _validated(read: LayerFile, allow_trust: bool) -> LayerFile:
     return replace(read, config=config, message=summarize(problems))
 
 
-def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerFile:
+def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerStatus:
     """One named layer file, read and validated."""
     try:
         table = policy_table(path, read_bytes(path))
     except FileNotFoundError:
-        return LayerFile(layer, path, "missing")
+        return LayerStatus(layer, path, "missing")
     except LayerError as exc:
-        return LayerFile(layer, path, "error", str(exc))
+        return LayerStatus(layer, path, "error", str(exc))
     if table is None:
-        return LayerFile(layer, path, "missing", "no [tool.autoalloc] table")
-    return _validated(LayerFile(layer, path, "found", table=table), allow_trust)
+        return LayerStatus(layer, path, "missing", "no [tool.autoalloc] table")
+    return _validated(LayerStatus(layer, path, "found", table=table), allow_trust)
 
 
-def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerFile:
+def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:
     try:
         path = locate()
     except Exception as exc:  # e.g. no HOME and no passwd entry: no such layer (explain shows why)
-        return LayerFile(layer, None, "missing", f"cannot locate: {exc}")
+        return LayerStatus(layer, None, "missing", f"cannot locate: {exc}")
     if not os.path.isabs(path):
         # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
         # read from the working directory, i.e. from whatever repository is there.
-        return LayerFile(layer, path, "missing", "not an absolute path (is HOME set?)")
+        return LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)")
     return load_file(layer, path)
 
 
-def _env_layer(env: Mapping[str, str]) -> LayerFile:
+def _env_layer(env: Mapping[str, str]) -> LayerStatus:
     path = env.get(CONFIG_VAR) or None
     if path is None:
-        return LayerFile("env", None, "unset")
+        return LayerStatus("env", None, "unset")
     read = load_file("env", path)
     if read.status == "missing" and not read.message:
         # Named by the user, so its absence is a mistake to report, not a layer to skip.
@@ -429,7 +413,7 @@ def may_wrap(entry: EntryPoint) -> bool:
     return bool(name) and (f'"{name}"' in text or f'/{name}"' in text)
 
 
-def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> list[LayerFile]:
+def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> list[LayerStatus]:
     """Every layer for this entry point, lowest first."""
     # 1. built-in rules, shipped as package data
     builtin = load_file("builtin", BUILTIN_PATH, allow_trust=False)
@@ -446,14 +430,14 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     trusted = trusted_dirs(env, [r.config for r in (site, user, named) if r.config is not None])
     # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
     found = _find(project_start(entry, cwd), trusted)
-    project = LayerFile("project", None, "missing") if found is None else found
+    project = LayerStatus("project", None, "missing") if found is None else found
     return [builtin, site, user, _validated(project, allow_trust=False), named]
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
     """Read every layer for this entry point and compose them."""
     layers = read_layers(entry, env, cwd)
-    return compose([r.config for r in layers if r.config is not None], [r.record() for r in layers])
+    return compose([r.config for r in layers if r.config is not None], layers)
 
 
 def load_program(

@@ -367,7 +367,8 @@ def run_bench(args: argparse.Namespace, arms_wanted: list[str]) -> int:
     base = workload_args(args, mode, conf, cap / GIB if cap else None)
     arms = make_arms(arms_wanted, base, _write_policy(args.out))
     plan = runner.Plan(
-        conf["steps"], conf["warmup"], conf["repeats"], conf["arm_timeout"], args.out, args.deadline
+        steps=conf["steps"], warmup=conf["warmup"], repeat=conf["repeats"],
+        timeout=conf["arm_timeout"], out=args.out, deadline=args.deadline,
     )
     runs = runner.run_all(arms, plan)
     data = runner.result(arms, plan, runs, notes)
