@@ -22,6 +22,8 @@ from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy, Rule
 
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
+_RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
+_RULE_LISTS += ("not_imports", "not_imports_unless")
 
 
 def interpreter_argv(command: Sequence[str]) -> list[str]:
@@ -46,7 +48,7 @@ def _rule_dict(rule: Rule) -> dict[str, Any]:
     }
     if rule.description:
         out["description"] = rule.description
-    for key in ("scripts", "modules", "commands", "imports", "argv"):
+    for key in _RULE_LISTS:
         if getattr(rule, key):
             out[key] = list(getattr(rule, key))
     if rule.training:

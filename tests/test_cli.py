@@ -122,6 +122,9 @@ def test_explain_says_first_what_a_program_decided_late_will_get(sandbox: Sandbo
         "finetune_whisper.py",
     )
     assert check.stdout.startswith("decision:     apply  rule speech-training from builtin")
+    listed = json.loads(autoalloc(sandbox, "explain", "--json", "--", "python", "finetune_whisper.py").stdout)
+    speech = next(r for r in listed["rules"] if r["name"] == "speech-training")
+    assert "phonemizer" in speech["not_imports"] and "jiwer" in speech["not_imports_unless"]
     # nothing can decide later once the late rules are off: then it is `none`
     sandbox.user_policy('disable = ["speech-training", "asr-toolkit-imports"]\n')
     off = autoalloc(sandbox, "explain", "--", "python", "finetune_whisper.py")
