@@ -31,61 +31,23 @@ SETTINGS_TAG = "AUTOALLOC_BENCH_SETTINGS "
 GIB = 1024**3
 SCHEDULE_CYCLE = 1000  # a long run replays the schedule rather than drawing it all up front
 
-PRESETS = {
+# One row per preset: the model (a Conformer-style CTC encoder; conv_kernel 31 and 80 mel bins in
+# all), the batch schedule, and how `autoalloc bench` runs it.
+_PRESET_KEYS = (
+    "d_model", "layers", "heads", "ffn", "subsampling_channels", "vocab", "dropout",
+    "steps", "warmup", "max_duration", "buckets", "repeats", "arm_timeout",
+)
+_PRESET_ROWS = {
     # a 12 x d512 Conformer (NeMo's Conformer-CTC medium size), 30 buckets, 300 steps
-    "full": dict(
-        d_model=512,
-        layers=12,
-        heads=8,
-        ffn=2048,
-        conv_kernel=31,
-        subsampling_channels=256,
-        vocab=1024,
-        n_mels=80,
-        dropout=0.1,
-        steps=300,
-        warmup=20,
-        max_duration=600.0,
-        buckets=30,
-        repeats=2,
-        arm_timeout=600,
-    ),
+    "full": (512, 12, 8, 2048, 256, 1024, 0.1, 300, 20, 600.0, 30, 2, 600),
     # under 2 minutes on one GPU, process start-ups included
-    "quick": dict(
-        d_model=256,
-        layers=6,
-        heads=4,
-        ffn=1024,
-        conv_kernel=31,
-        subsampling_channels=128,
-        vocab=256,
-        n_mels=80,
-        dropout=0.1,
-        steps=60,
-        warmup=10,
-        max_duration=300.0,
-        buckets=10,
-        repeats=1,
-        arm_timeout=300,
-    ),
+    "quick": (256, 6, 4, 1024, 128, 256, 0.1, 60, 10, 300.0, 10, 1, 300),
     # the CPU smoke path: plumbing only
-    "smoke": dict(
-        d_model=32,
-        layers=1,
-        heads=2,
-        ffn=64,
-        conv_kernel=31,
-        subsampling_channels=8,
-        vocab=16,
-        n_mels=80,
-        dropout=0.0,
-        steps=3,
-        warmup=1,
-        max_duration=40.0,
-        buckets=4,
-        repeats=1,
-        arm_timeout=180,
-    ),
+    "smoke": (32, 1, 2, 64, 8, 16, 0.0, 3, 1, 40.0, 4, 1, 180),
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    name: {**dict(zip(_PRESET_KEYS, row)), "conv_kernel": 31, "n_mels": 80}
+    for name, row in _PRESET_ROWS.items()
 }
 
 
