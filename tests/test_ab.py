@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from autoalloc.ab import arms, plot, table
-from tests.conftest import PY, REPO, clean_env
+from tests.helpers import PY, REPO, clean_env
 
 TINY = str(REPO / "tests" / "tiny_train.py")
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -158,7 +158,7 @@ def test_ab_torchrun_every_rank_stops_at_the_same_step(tmp_path: Path) -> None:
 
 @pytest.mark.cuda_build
 def test_ab_settings_through_the_cuda_snapshot(tmp_path: Path) -> None:
-    from tests.conftest import CUDA_PY
+    from tests.helpers import CUDA_PY
 
     if not CUDA_PY:
         pytest.skip("AUTOALLOC_TORCH_CUDA_PYTHON is not set")

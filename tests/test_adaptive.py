@@ -13,7 +13,7 @@ import textwrap
 
 from autoalloc import adaptive
 from autoalloc.adaptive import Thresholds, detect
-from tests.conftest import PROBE, probe_result
+from tests.helpers import PROBE, probe_result
 
 GiB = 1 << 30
 
@@ -184,7 +184,7 @@ def test_wired_on_cuda_builds_silent_everywhere_without_a_finding(sandbox, torch
 
 
 def test_advise_warns_once_with_the_figures_and_the_command(sandbox):
-    from tests.conftest import assert_untouched, autoalloc_warnings
+    from tests.helpers import assert_untouched, autoalloc_warnings
 
     sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
     sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
@@ -196,7 +196,7 @@ def test_advise_warns_once_with_the_figures_and_the_command(sandbox):
 
 
 def test_apply_turns_the_option_on_and_says_so_once(sandbox):
-    from tests.conftest import ES, assert_applied, autoalloc_warnings
+    from tests.helpers import ES, assert_applied, autoalloc_warnings
 
     sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
     sandbox.script("train.py", "import torch\n" + textwrap.dedent(FOUND))
@@ -210,7 +210,7 @@ def test_apply_turns_the_option_on_and_says_so_once(sandbox):
 
 
 def test_apply_never_overrides_a_deny_rule(sandbox):
-    from tests.conftest import assert_untouched
+    from tests.helpers import assert_untouched
 
     sandbox.write(
         "autoalloc.toml",
@@ -256,7 +256,7 @@ def test_the_watch_reads_the_recorders_counters_when_it_records(monkeypatch):
 
 
 def test_adaptive_next_to_the_recorder_on_a_real_run(sandbox):
-    from tests.conftest import autoalloc_warnings
+    from tests.helpers import autoalloc_warnings
 
     sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
     sandbox.script("train.py", TRAIN_STEPS)

@@ -17,7 +17,7 @@ import pytest
 
 from autoalloc.ab import recorder
 from autoalloc.bench import command, model, schedule, workload
-from tests.conftest import PY, REPO, clean_env
+from tests.helpers import PY, REPO, clean_env
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

@@ -18,7 +18,7 @@ from autoalloc.decide import decide
 from autoalloc.explain import explain, render
 from autoalloc.policy import PolicyError, Source, validate
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import NEMO
+from tests.helpers import NEMO, Sandbox
 
 pytestmark = pytest.mark.hook
 
@@ -31,19 +31,9 @@ BUILTIN = validate(
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A temporary root with its own (empty) user and site config dirs; returns the source root."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg-config"))
-    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "xdg-site"))
-    for name in (
-        "AUTOALLOC_CONFIG",
-        "AUTOALLOC_TRUSTED_DIRS",
-        "PYTORCH_CUDA_ALLOC_CONF",
-        "PYTORCH_ALLOC_CONF",
-    ):
-        monkeypatch.delenv(name, raising=False)
-    src = tmp_path / "src"
+def world(isolated_home: Sandbox) -> Path:
+    """The source root of an isolated world (its own, empty, user and site config dirs)."""
+    src = isolated_home.root / "src"
     src.mkdir()
     return src
 

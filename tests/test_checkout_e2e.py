@@ -4,7 +4,7 @@ alone decide, so a tool there that imports the toolkit is left alone."""
 
 from __future__ import annotations
 
-from tests.conftest import PROBE, Sandbox, assert_applied, assert_untouched
+from tests.helpers import PROBE, Sandbox, assert_applied, assert_untouched
 
 # A stand-in for NeMo's package: importing its ASR collection imports torch, as the real one does.
 NEMO_PACKAGE = {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import cli
-from tests.conftest import Sandbox
+from tests.helpers import Sandbox
 
 GOLDEN = Path(__file__).parent / "golden" / "explain_project_rule.json"
 

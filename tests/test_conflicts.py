@@ -17,9 +17,8 @@ from autoalloc import allocconf
 from autoalloc.decide import Decision, decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
-from autoalloc.policy import Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import CUDA_PY, ES, PROBE, Sandbox, autoalloc_warnings, probe_result
+from tests.helpers import CUDA_PY, ES, PROBE, Sandbox, autoalloc_warnings, policy_of, probe_result
 
 CUDA, HIP, ALLOC = allocconf.CUDA_VAR, allocconf.HIP_VAR, allocconf.ALLOC_VAR
 TRAIN = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
@@ -38,8 +37,7 @@ CPU = TorchInfo("2.13.0+cpu")
 
 
 def policy(**data: object):
-    rules = data.pop("rules", [{"name": "asr", "scripts": ["train_asr.py"]}])
-    return compose([validate({"rules": rules, **data}, Source("project", "/w/autoalloc.toml"))])
+    return policy_of(**{"rules": [{"name": "asr", "scripts": ["train_asr.py"]}], **data})
 
 
 def run(env: dict[str, str], torch: TorchInfo | None = T214, platform: str = "linux", **data: object) -> Decision:

@@ -9,6 +9,7 @@ from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.policy import Source, compose, validate
 from autoalloc.torchinfo import TorchInfo, parse_version_file
+from tests.helpers import policy_of
 
 pytestmark = pytest.mark.hook
 CUDA = TorchInfo("2.13.0+cu130", cuda="13.0")
@@ -17,7 +18,7 @@ TRAIN = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train
 
 def policy(**data: object):
     base = {"rules": [{"name": "asr", "scripts": ["train_asr.py"]}, {"name": "inf", "scripts": ["infer.py"], "action": "skip"}]}
-    return compose([validate({**base, **data}, Source("project", "/w/autoalloc.toml"))])
+    return policy_of(**{**base, **data})
 
 
 def test_apply_writes_both_names_and_records() -> None:

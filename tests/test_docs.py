@@ -26,7 +26,7 @@ import pytest
 from autoalloc import cli
 from autoalloc.policy import Source, salvage
 from autoalloc.sources import parse_toml
-from tests.conftest import REPO, clean_env
+from tests.helpers import REPO, clean_env
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```(.*)$")

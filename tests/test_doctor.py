@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import CUDA_PY, PY, REPO, Sandbox, autoalloc_warnings
+from tests.helpers import CUDA_PY, PY, REPO, Sandbox, autoalloc_warnings
 
 GOLDEN = Path(__file__).parent / "golden"
 CUDA, ALLOC = "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"

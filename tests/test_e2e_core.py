@@ -11,7 +11,7 @@ import pytest
 
 from autoalloc import _startup
 from autoalloc.explain import explain
-from tests.conftest import (
+from tests.helpers import (
     ES,
     NEMO,
     PROBE,

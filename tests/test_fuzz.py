@@ -44,7 +44,7 @@ from hypothesis import strategies as st  # noqa: E402
 from autoalloc import allocconf, decide, entrypoint, messages, sources, torchinfo  # noqa: E402
 from autoalloc.allocconf import ALL_VARS  # noqa: E402
 from autoalloc.torchinfo import TorchInfo  # noqa: E402
-from tests.conftest import PY, autoalloc_warnings, clean_env  # noqa: E402
+from tests.helpers import PY, autoalloc_warnings, clean_env  # noqa: E402
 
 torch = pytest.importorskip("torch")
 _SET = torch._C._accelerator_setAllocatorSettings

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import guards
-from tests.conftest import PY, Sandbox, autoalloc_warnings, clean_env
+from tests.helpers import PY, Sandbox, autoalloc_warnings, clean_env
 
 RULE = '[[rules]]\nname = "asr"\nscripts = ["train_asr.py"]\n'
 PLUGGABLE_C = """

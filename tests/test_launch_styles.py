@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     ES,
     NEMO,
     PROBE,

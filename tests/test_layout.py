@@ -8,6 +8,7 @@ import is still a dependency, and a loop of lazy imports is still a loop.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -168,3 +169,16 @@ def test_one_global_rank_for_warnings_reports_and_progress(
         assert envvars.global_rank(recorded) == rank
         path = recorder.report_path("/x/report.json", 1, recorded)
         assert path == ("/x/report.json" if rank == 0 else f"/x/report-rank{rank}.json")
+
+
+def test_test_modules_take_helpers_from_helpers_not_conftest() -> None:
+    """Fixtures live in conftest.py, which pytest loads; what modules import is in helpers.py."""
+    tests = Path(__file__).resolve().parent
+    importing = [
+        path.name
+        for path in sorted(tests.rglob("*.py"))
+        if path.name != "conftest.py"
+        and re.search(r"^\s*(from\s+(tests)?\.?conftest\s|import\s+tests\.conftest)",
+                      path.read_text(encoding="utf-8"), re.MULTILINE)
+    ]
+    assert importing == []

@@ -18,7 +18,7 @@ from autoalloc import __version__, cli, decide, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.explain import explain, render
 from autoalloc.policy import LayerConfig, Source, salvage, summarize, validate
-from tests.conftest import Sandbox, autoalloc_warnings
+from tests.helpers import Sandbox, autoalloc_warnings
 
 SRC = Source("project", "/p/autoalloc.toml")
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"
@@ -138,12 +138,9 @@ def test_a_valid_file_is_validated_once_and_says_nothing() -> None:
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user"))
-    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "site"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "proj").mkdir()
-    return tmp_path
+def world(isolated_home: Sandbox) -> Path:
+    (isolated_home.root / "proj").mkdir()
+    return isolated_home.root
 
 
 POLICY = """\

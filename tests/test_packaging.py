@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Sandbox, probe_result
+from tests.helpers import REPO, Sandbox, probe_result
 
 NEMO = "NeMo/examples/asr/speech_to_text_finetune.py"
 

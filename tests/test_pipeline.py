@@ -1,14 +1,19 @@
 """One pipeline decides for the hook, ``explain`` and ``doctor``.
 
-In process: ``plan()`` and ``explain()`` on opt-outs, a missing ``AUTOALLOC_CONFIG``, the
-launcher hand-off, ``--import``. End to end: the warning a missing ``AUTOALLOC_CONFIG``
-gives once per job, and ``autoalloc check`` failing on it.
+End to end, case by case: a real program with the hook (which decides at ``import torch``)
+asks ``autoalloc.status()`` (doctor's report) for the decision it records, and ``explain``
+is asked about the same command, environment and working directory: they agree. In
+process: ``plan()`` and ``explain()`` on a missing ``AUTOALLOC_CONFIG``, the launcher
+hand-off, ``--import``; end to end, the warning a missing ``AUTOALLOC_CONFIG`` gives once
+per job, and ``autoalloc check`` failing on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import textwrap
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -16,25 +21,86 @@ from autoalloc import entrypoint, sources
 from autoalloc.explain import explain, render
 from autoalloc.plan import plan, utf8_entry
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import NEMO, Sandbox, autoalloc_warnings
+from tests.helpers import NEMO, Sandbox, autoalloc_warnings
 
 CUDA = TorchInfo("2.14.1", cuda="13.0")
 
 
+REPORT = textwrap.dedent(
+    """
+    import json
+    import torch
+    import autoalloc
+    decision = autoalloc.status().as_dict()["decision"]
+    print("DOCTOR " + json.dumps(decision))
+    """
+)
+
+
+@dataclass(frozen=True)
+class Case:
+    script: str
+    env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    imports: tuple[str, ...] = ()  # trigger modules the script imports before torch
+
+
+MISSING = "<root>/no-such-policy.toml"
+CASES = {
+    "matching": Case(NEMO),
+    "non-matching": Case("tools/other.py"),
+    "disabled-by-env": Case(NEMO, env={"AUTOALLOC_DISABLE": "1"}),
+    "enabled-false": Case(NEMO, files={"autoalloc.toml": "enabled = false\n"}),
+    "skip-rule": Case("NeMo/examples/asr/transcribe_speech.py"),
+    "env-conflict": Case(NEMO, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}),
+    "override": Case(
+        NEMO,
+        env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        files={"autoalloc.toml": 'on_conflict = "override"\n'},
+    ),
+    "missing-autoalloc-config": Case("tools/other.py", env={"AUTOALLOC_CONFIG": MISSING}),
+    "import-trigger": Case(
+        "notebooks/run.py",
+        files={
+            "site/nemo/__init__.py": "",
+            "site/nemo/collections/__init__.py": "",
+            "site/nemo/collections/asr/__init__.py": "",
+        },
+        imports=("nemo.collections.asr",),
+    ),
+}
+COMPARED = ("action", "rule", "rule_source", "read_var", "value", "writes", "unsets", "warnings")
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_hook_explain_and_doctor_agree(sandbox: Sandbox, name: str) -> None:
+    case = CASES[name]
+    for path, text in case.files.items():
+        sandbox.write(path, text)
+    env = {k: v.replace("<root>", str(sandbox.root)) for k, v in case.env.items()}
+    if any(path.startswith("site/") for path in case.files):
+        env["PYTHONPATH"] = str(sandbox.work / "site")
+    body = "".join(f"import {module}\n" for module in case.imports) + REPORT
+    sandbox.write(case.script, body)
+    result = sandbox.run([case.script], env=env)
+    assert result.returncode == 0, result.stderr
+    line = next(ln for ln in result.stdout.splitlines() if ln.startswith("DOCTOR "))
+    doctor = json.loads(line.split(" ", 1)[1])
+
+    full_env = {**sandbox.env, **env}
+    explained = explain(["python", case.script], full_env, str(sandbox.work), case.imports)
+    said = explained["decision"]
+    if doctor is None:  # AUTOALLOC_DISABLE: the startup hook did not even arm, nor reads layers
+        assert said["action"] == "disabled" and said["reason"] == "AUTOALLOC_DISABLE is set"
+        assert "decision:     disabled (AUTOALLOC_DISABLE is set)" in render(explained)
+        assert explained["layers"] == []
+        return
+    assert {k: doctor[k] for k in COMPARED} == {k: said[k] for k in COMPARED}
+    assert doctor["entry_point"] == said["entry_point"]
+
+
 def world_env(sandbox: Sandbox, **extra: str) -> dict[str, str]:
     return {**sandbox.env, **extra}
-
-
-def test_disable_is_the_pipelines_first_word(sandbox: Sandbox) -> None:
-    sandbox.write(NEMO, "")
-    env = world_env(sandbox, AUTOALLOC_DISABLE="1")
-    report = explain(["python", NEMO], env=env, cwd=str(sandbox.work))
-    assert report["decision"]["action"] == "disabled"
-    assert report["decision"]["reason"] == "AUTOALLOC_DISABLE is set"
-    assert "decision:     disabled (AUTOALLOC_DISABLE is set)" in render(report)
-    assert report["layers"] == []  # the hook does not read them either
-    enabled = explain(["python", NEMO], env=sandbox.env, cwd=str(sandbox.work))
-    assert enabled["decision"]["action"] == "apply"
 
 
 def test_missing_autoalloc_config_is_an_error_layer(sandbox: Sandbox) -> None:

@@ -14,7 +14,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import (
+from tests.helpers import (
     ES,
     NEMO,
     PROBE,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc.ab import recorder, table
-from tests.conftest import PY, REPO, clean_env
+from tests.helpers import PY, REPO, clean_env
 
 TINY = str(REPO / "tests" / "tiny_train.py")
 

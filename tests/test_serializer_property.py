@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from autoalloc import allocconf
 from autoalloc.allocconf import KEYS, ConfError
-from tests.conftest import CUDA_PY
+from tests.helpers import CUDA_PY
 
 SETTINGS = settings(max_examples=300, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
 

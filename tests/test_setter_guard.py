@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import guards, policy
-from tests.conftest import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings
+from tests.helpers import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings
 
 USER = "garbage_collection_threshold:0.8,max_split_size_mb:512"
 ENV = {"PYTORCH_CUDA_ALLOC_CONF": USER}

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from autoalloc import allocconf
-from tests.conftest import CUDA_PY, Sandbox
+from tests.helpers import CUDA_PY, Sandbox
 
 P = allocconf.parse
 RESET = {"max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}

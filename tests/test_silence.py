@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Sandbox
+from tests.helpers import REPO, Sandbox
 
 WATCHERS = "import sys; print(sum(bool(getattr(f, 'autoalloc_watcher', False)) for f in sys.meta_path))"
 

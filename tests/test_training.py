@@ -23,7 +23,7 @@ from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match
 from autoalloc.policy import PolicyError, Source, compose, validate
 from autoalloc.torchinfo import TorchInfo
-from tests.conftest import ES, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
+from tests.helpers import ES, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
 
 CORPUS = [
     row

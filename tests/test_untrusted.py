@@ -18,7 +18,7 @@ import pytest
 
 from autoalloc import decide, sources
 from autoalloc.entrypoint import EntryPoint
-from tests.conftest import ES, NEMO, Sandbox, autoalloc_warnings, probe_result
+from tests.helpers import ES, NEMO, Sandbox, autoalloc_warnings, probe_result
 
 OTHER = 12345
 
@@ -26,13 +26,9 @@ needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
 
 
 @pytest.fixture
-def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "user"))
-    monkeypatch.setenv("XDG_CONFIG_DIRS", str(tmp_path / "site"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "proj" / "sub").mkdir(parents=True)
-    (tmp_path / "home").mkdir()
-    return tmp_path
+def world(isolated_home: Sandbox) -> Path:
+    (isolated_home.root / "proj" / "sub").mkdir(parents=True)
+    return isolated_home.root
 
 
 def load(world: Path, env: dict | None = None, cwd: str | None = None):
@@ -49,7 +45,7 @@ def project_file(world: Path, text: str = "enabled = false\n", name: str = "auto
 
 
 def user_file(world: Path, text: str) -> Path:
-    path = world / "user" / "autoalloc" / "config.toml"
+    path = world / "xdg-config" / "autoalloc" / "config.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
@@ -214,7 +210,7 @@ def test_trusted_dirs_from_user_site_and_env_files(world: Path, layer: str) -> N
     if layer == "user":
         user_file(world, text)
     elif layer == "site":
-        site = world / "site" / "autoalloc" / "config.toml"
+        site = world / "xdg-site" / "autoalloc" / "config.toml"
         site.parent.mkdir(parents=True)
         site.write_text(text)
     else:
