@@ -14,6 +14,7 @@ module alive through the armed watcher until late interpreter shutdown, which co
 """
 
 import sys
+from _thread import get_ident  # built in, loaded by importlib's bootstrap before site runs
 
 # The environment variables this module reads: its own copies of autoalloc.envvars' names (it
 # must import nothing of the package); tests/test_layout.py checks that they agree.
@@ -47,12 +48,18 @@ class Watcher:
 
     def __init__(self) -> None:
         self.names = {"torch"}
-        self.busy = False
+        # The threads inside find_spec now: a thread's own nested lookup (the finders after
+        # this one looking for the same name) is not watched again, while another thread's
+        # import of torch at that moment still is. `_thread` is built in and always loaded.
+        self.busy: set = set()
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names or self.busy:
+        if fullname not in self.names:
             return None
-        self.busy = True
+        ident = get_ident()
+        if ident in self.busy:
+            return None
+        self.busy.add(ident)
         try:
             spec = self._real_spec(fullname, path, target)
             loader = getattr(spec, "loader", None)
@@ -63,7 +70,7 @@ class Watcher:
             _trace(f"internal error at import of {fullname}: {exc!r}")
             return None
         finally:
-            self.busy = False
+            self.busy.discard(ident)
 
     def _real_spec(self, fullname, path, target):
         """The spec the finders after this one give (None: the module does not exist)."""
@@ -92,6 +99,16 @@ class Loader:
 
     def __init__(self, loader) -> None:
         self.loader = loader
+
+    # Tools test a spec's loader with isinstance (importlib.abc.Loader, SourceFileLoader):
+    # isinstance also consults ``__class__``, so the wrapper answers as the loader it wraps,
+    # without importing importlib.abc at start-up. ``__reduce__`` keeps pickle on this class.
+    @property
+    def __class__(self):
+        return type(self.__dict__["loader"]) if "loader" in self.__dict__ else Loader
+
+    def __reduce__(self):
+        return (Loader, (self.loader,))
 
     def __getattr__(self, name):
         if name.startswith("__") or "loader" not in self.__dict__:  # pickle's probes
@@ -133,6 +150,20 @@ def _trace(message: str) -> None:
             pass
 
 
+def pin_report(env) -> None:
+    """A relative ``AUTOALLOC_REPORT`` made absolute now, against the directory the program
+    started in: a trainer that changes directory later (Hydra) and its children, wherever
+    they run, write where the user meant."""
+    import os
+
+    target = env["AUTOALLOC_REPORT"]
+    if target and target != "-" and not os.path.isabs(target):
+        try:
+            env["AUTOALLOC_REPORT"] = os.path.join(os.getcwd(), target)
+        except OSError:
+            pass
+
+
 def main() -> None:
     """Startup entry point; idempotent, because venvs process ``.pth`` files twice."""
     try:
@@ -144,6 +175,8 @@ def main() -> None:
         # variables, which the watcher then restores at `import torch`, or AUTOALLOC_REPORT
         # asks for a report (the "off" arm of `autoalloc ab`).
         env = os.environ
+        if "AUTOALLOC_REPORT" in env:
+            pin_report(env)
         if truthy(env.get("AUTOALLOC_DISABLE")):
             if "AUTOALLOC_ORIGINAL" not in env and "AUTOALLOC_REPORT" not in env:
                 return

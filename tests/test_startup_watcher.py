@@ -1,0 +1,137 @@
+"""The startup watcher's loader wrapper passes the checks tools make, and threads cannot race it.
+
+``importlib.util.find_spec("torch").loader`` is autoalloc's wrapper until torch executes: it
+must pass ``isinstance`` against ``importlib.abc.Loader`` and the real loader's class and
+still pickle. The watcher's guard against its own nested lookup is per thread: another
+thread's ``find_spec("torch")`` at the moment of ``import torch`` must not leave the process
+undecided. Real interpreters with the hook, real torch; threads meet at a barrier, no sleeps.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import pickle
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from autoalloc import _startup
+from tests.conftest import PY, clean_env
+
+LOADER_CHECKS = """
+import importlib.abc, importlib.machinery, importlib.util, pickle, sys
+spec = importlib.util.find_spec("torch")
+wrapped = type(spec.loader).__name__ == "Loader"
+abc_ok = isinstance(spec.loader, importlib.abc.Loader)
+file_ok = isinstance(spec.loader, importlib.machinery.SourceFileLoader)
+again = pickle.loads(pickle.dumps(spec))
+print(wrapped, abc_ok, file_ok, again.name, again.loader.get_filename("torch") == spec.origin)
+import torch
+from autoalloc import hook
+print("DECIDED", hook.STATE.decision is not None)
+"""
+
+
+def run_code(tmp_path: Path, code: str) -> subprocess.CompletedProcess[str]:
+    """``python -c code`` in the test venv (the hook installed), in a clean environment."""
+    (tmp_path / "home").mkdir(exist_ok=True)
+    result = subprocess.run(
+        [PY, "-c", code],
+        cwd=tmp_path,
+        env=clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+def test_find_spec_loader_passes_isinstance_and_pickles(tmp_path: Path) -> None:
+    result = run_code(tmp_path, LOADER_CHECKS)
+    first = result.stdout.splitlines()[0].split()
+    assert first == ["True", "True", "True", "torch", "True"]
+    assert "DECIDED True" in result.stdout  # and the import still went through the wrapper
+
+
+def test_wrapper_isinstance_in_process() -> None:
+    real = importlib.machinery.SourceFileLoader("x", __file__)
+    wrapped = _startup.Loader(real)
+    assert isinstance(wrapped, importlib.abc.Loader)
+    assert isinstance(wrapped, importlib.machinery.SourceFileLoader)
+    assert isinstance(wrapped, _startup.Loader)  # the watcher still knows its own wrapper
+    assert not isinstance(real, _startup.Loader)
+    again = pickle.loads(pickle.dumps(wrapped))
+    assert type(again) is _startup.Loader and again.loader.path == __file__
+
+
+class Gate:
+    """A finder placed right after the watcher: every thread's lookup of ``torch`` waits here
+    until all of them are inside the watcher at once, then lets the real finders answer."""
+
+    def __init__(self, parties: int) -> None:
+        self.barrier = threading.Barrier(parties)
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname == "torch":
+            self.barrier.wait(timeout=10)
+        return None
+
+
+def _look(watcher: _startup.Watcher, specs: list[object]) -> None:
+    try:
+        specs.append(watcher.find_spec("torch"))
+    except threading.BrokenBarrierError:
+        specs.append("broken")
+
+
+def test_concurrent_lookups_are_each_watched() -> None:
+    threads_per_round, rounds = 4, 200
+    watcher = _startup.Watcher()
+    for _ in range(rounds):
+        gate = Gate(threads_per_round)
+        specs: list[object] = []
+        sys.meta_path[:0] = [watcher, gate]
+        try:
+            threads = [
+                threading.Thread(target=_look, args=(watcher, specs))
+                for _ in range(threads_per_round)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.meta_path.remove(watcher)
+            sys.meta_path.remove(gate)
+        # Every thread got torch's spec with the loader wrapped: none was turned away because
+        # another thread was inside the watcher at that moment.
+        assert [type(getattr(s, "loader", s)).__name__ for s in specs] == ["Loader"] * len(specs)
+        assert watcher.busy == set()
+
+
+RACE = """
+import importlib.util, sys, threading
+stop = threading.Event()
+def probe():
+    while not stop.is_set():
+        importlib.util.find_spec("torch")
+t = threading.Thread(target=probe)
+t.start()
+import torch
+stop.set()
+t.join()
+from autoalloc import hook
+print("DECIDED", hook.STATE.decision is not None)
+"""
+
+
+@pytest.mark.slow  # a few real interpreters importing torch: the full run
+def test_import_torch_racing_find_spec_in_another_thread_still_decides(tmp_path: Path) -> None:
+    for _ in range(3):
+        assert "DECIDED True" in run_code(tmp_path, RACE).stdout
