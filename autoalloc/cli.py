@@ -73,9 +73,14 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if os.path.lexists(path):
         print(f"autoalloc init: {path} exists; not overwriting it", file=sys.stderr)
         return 1
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "x", encoding="utf-8") as f:
-        f.write(STARTER.replace("WHERE", where))
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "x", encoding="utf-8") as f:
+            f.write(STARTER.replace("WHERE", where))
+    except OSError as exc:  # an unwritable directory, a read-only file system, a full disk
+        why = exc.strerror or str(exc)
+        print(f"autoalloc init: cannot write {path}: {why}", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     return 0
 
@@ -162,60 +167,78 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
     add("--warmup", type=int, default=20, help="warm-up steps left out of the figures (20)")
     add("--repeat", type=int, default=2, help="runs per arm, interleaved (2)")
     add("--timeout", type=float, default=1800, help="seconds one run may take (1800)")
-    add("--out", default="autoalloc-ab", help="directory for logs, reports, ab.json, ab.png")
+    add(
+        "--out",
+        help="directory for logs, reports, ab.json, ab.png (default: a new directory under "
+        "the user cache directory, named on stderr; never inside your project)",
+    )
     add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to measure")
+
+
+def default_ab_out() -> str:
+    """A new directory for one ``ab`` run under the user's cache directory (platformdirs)."""
+    import tempfile
+    import time
+
+    import platformdirs
+
+    try:
+        base = os.path.join(platformdirs.user_cache_dir("autoalloc"), "ab")
+        os.makedirs(base, exist_ok=True)
+    except OSError:  # no writable cache directory (HOME unreachable): the temp directory
+        base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
+
+
+def _ab_usage_error(args: argparse.Namespace) -> str | None:
+    if not args.command:
+        return "no command: autoalloc ab [options] -- CMD ..."
+    for name, least in (("steps", 1), ("repeat", 1), ("warmup", 0), ("timeout", 1)):
+        if getattr(args, name) < least:
+            return f"--{name} must be at least {least}, not {getattr(args, name)}"
+    return None
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:
     from autoalloc.ab import arms as ab_arms
-    from autoalloc.ab import runner, table
+    from autoalloc.ab import interpreter, runner, table
     from autoalloc.ab.plot import plot
     from autoalloc.explain import explain
 
     command = args.command
-    if not command:
-        print("autoalloc ab: error: no command: autoalloc ab [options] -- CMD ...", file=sys.stderr)
+    usage = _ab_usage_error(args)
+    if usage is not None:
+        print(f"autoalloc ab: error: {usage}", file=sys.stderr)
+        return 2
+    foreign = interpreter.lacks_autoalloc(command)
+    if foreign is not None:
+        print(f"autoalloc ab: {interpreter.advice(foreign)}", file=sys.stderr)
         return 2
     arms = ab_arms.ab_arms(command, explain(command), os.environ)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
-    steps, warmup, repeat = max(1, args.steps), max(1, args.warmup), max(1, args.repeat)
-    plan = runner.Plan(
-        steps=steps, warmup=warmup, repeat=repeat, timeout=args.timeout, out=args.out
-    )
+    out = args.out or default_ab_out()
+    print(f"ab: logs, reports and results go to {out} (--out to choose)", file=sys.stderr)
+    steps, warmup, repeat = args.steps, max(1, args.warmup), args.repeat
+    plan = runner.Plan(steps=steps, warmup=warmup, repeat=repeat, timeout=args.timeout, out=out)
     runs = runner.run_all(arms, plan)
     data = runner.result(arms, plan, runs, [])
     text = table.render_ab(data)
-    os.makedirs(args.out, exist_ok=True)
-    png = plot(data, os.path.join(args.out, "ab.png"), "autoalloc ab: " + " ".join(command)[:80])
+    os.makedirs(out, exist_ok=True)
+    png = plot(data, os.path.join(out, "ab.png"), "autoalloc ab: " + " ".join(command)[:80])
     data["png"], data["table"] = png, text
-    with open(os.path.join(args.out, "ab.json"), "w", encoding="utf-8") as f:
+    with open(os.path.join(out, "ab.json"), "w", encoding="utf-8") as f:
         json.dump(data, f, indent=1)
     print(text)
     written = f" and {png}" if png else " (no PNG: matplotlib is not installed)"
-    print(f"wrote {os.path.join(args.out, 'ab.json')}{written}")
+    print(f"wrote {os.path.join(out, 'ab.json')}{written}")
     return 1 if any(run.failed for run in runs) else 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from autoalloc.ab import runner, table
+    from autoalloc.ab import reports
 
-    reports = []
-    for path in args.paths:
-        if os.path.isdir(path):
-            reports.extend(runner.read_reports(path))
-            continue
-        try:
-            with open(path, encoding="utf-8") as f:
-                reports.append({**json.load(f), "file": path})
-        except (OSError, ValueError) as exc:
-            print(f"autoalloc report: {path}: {exc}", file=sys.stderr)
-            return 1
-    if not reports:
-        print("autoalloc report: no reports found", file=sys.stderr)
-        return 1
-    print(json.dumps(reports, indent=1) if args.json else table.render_reports(reports))
-    return 0
+    return reports.command(args.paths, args.json, sys.stdout, sys.stderr)
 
 
 def _explain_options(p: argparse.ArgumentParser) -> None:
@@ -338,7 +361,10 @@ COMMANDS = (
     Command(
         name="report",
         help="render AUTOALLOC_REPORT files as a table",
-        description="Render the JSON reports AUTOALLOC_REPORT=PATH wrote (files or directories).",
+        description="Render the reports AUTOALLOC_REPORT=PATH wrote: files, directories, or - "
+        "(standard input: a job's stderr after AUTOALLOC_REPORT=-). Every file that holds "
+        "something else gets one line on stderr saying why. Exit status 0 when every path "
+        "held reports, 1 when none did or some file was skipped, 2 on a usage error.",
         options=_report_options,
         run=_cmd_report,
     ),

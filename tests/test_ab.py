@@ -72,14 +72,16 @@ def test_ab_runs_both_arms_twice_and_stops_each_run(tmp_path: Path) -> None:
             assert report["allocator_settings"]["expandable_segments"] is intended[arm], report
     assert "policy's [allocator] defaults" in data["arms"]["on"]["how"]
     assert data["arms"]["off"]["env"]["AUTOALLOC_DISABLE"] == "1"
-    assert (
-        "steps/s" in result.stdout
-        and "verdict: no comparison: the command ran on the CPU" in result.stdout
-    )
-    assert "CPU: no ratios" in result.stdout
-    assert (
-        "[4/4] off (repeat 2): done, 7 steps" in result.stderr
-    )  # plain progress lines: no terminal
+    assert "verdict: no comparison: the command ran on the CPU" in result.stdout
+    # On the CPU no row that reads like a speed-up or a slow-down: only the steps measured.
+    rows = [line.split("  ")[0] for line in result.stdout.splitlines()]
+    assert not {"steps/s", "step time median (ms)", "peak reserved (GiB)"} & set(rows)
+    assert "measured steps" in rows
+    assert "CPU: step times and memory are not compared" in result.stdout
+    assert "[4/4] off (repeat 2): done, 7 steps" in result.stderr  # plain lines: no terminal
+    # progress names the warm-up steps apart from the measured ones (--warmup 2 --steps 5)
+    assert "warm-up step" in result.stderr and "step 5/5" in result.stderr
+    assert "step 7/" not in result.stderr
     assert (tmp_path / "out" / "ab.png").exists() == HAS_MATPLOTLIB
 
 

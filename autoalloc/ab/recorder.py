@@ -9,8 +9,12 @@ what it measures. On CUDA, after the warm-up, it reads ``torch.cuda.memory_stats
 step boundary and keeps the deltas of the allocator counters; the time these reads take is
 measured and written into the report (``recorder``).
 
-At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes one
-JSON file: to ``PATH``, into a directory (one file per process), or to stderr (``-``).
+At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes the
+report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one file
+each add their line, under a lock), into a directory (one file per process), or to stderr
+(``-``). What ``PATH`` names is never replaced: a symlink is written through to its target,
+a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a stream, and
+anything else is refused with one line on stderr.
 DataLoader workers and the torchrun launcher never step an optimizer and write nothing.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
@@ -25,6 +29,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
@@ -56,6 +61,21 @@ def _int_env(name: str, default: int | None) -> int | None:
         return default
 
 
+def absolute(target: str) -> str:
+    """``target`` against the working directory as it is now (``-`` stays ``-``).
+
+    The startup hook does this at interpreter start (``_startup.pin_report``), so a trainer
+    that changes directory (Hydra's ``outputs/DATE/TIME``) still writes where it was asked;
+    this catches a process where the hook did not run.
+    """
+    if target == "-" or os.path.isabs(target):
+        return target
+    try:
+        return os.path.join(os.getcwd(), target)
+    except OSError:  # the working directory is gone: the relative name is all there is
+        return target
+
+
 def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
     """Where this process writes: None for stderr; a file inside a directory target."""
     if target == "-":
@@ -69,6 +89,89 @@ def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
         stem, ext = os.path.splitext(target)
         return f"{stem}{tag}{ext or '.json'}"
     return target
+
+
+_WRITE_FLAGS = (
+    os.O_WRONLY
+    | os.O_APPEND
+    | os.O_CREAT
+    | getattr(os, "O_NONBLOCK", 0)  # a FIFO without a reader: ENXIO at once, never a hang
+    | getattr(os, "O_NOCTTY", 0)
+    | getattr(os, "O_CLOEXEC", 0)
+)
+
+
+def _say(message: str) -> None:
+    from autoalloc.messages import printable
+
+    try:
+        sys.stderr.write(f"autoalloc: {printable(message)}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def emit(path: str | None, line: str) -> bool:
+    """Write one report line to ``path`` (None: stderr) without replacing what ``path`` is.
+
+    A regular file (or a symlink to one, or a new file) gets the line appended under an
+    exclusive ``flock``, so processes sharing one file each keep their report; a FIFO or a
+    character device gets it as a stream (a FIFO nobody reads is left alone); anything else
+    is refused. Returns whether the line was written; a refusal costs one line on stderr.
+    """
+    data = (line + "\n").encode("utf-8")
+    if path is None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        return True
+    from autoalloc.messages import shortened
+
+    parent = os.path.dirname(path)
+    if parent and not os.path.lexists(path):
+        os.makedirs(parent, exist_ok=True)
+    try:
+        fd = os.open(path, _WRITE_FLAGS, 0o644)
+    except OSError as exc:
+        import errno
+
+        why = "nothing reads it (a FIFO without a reader)" if exc.errno == errno.ENXIO else exc
+        _say(f"AUTOALLOC_REPORT={shortened(path)}: not written: {why}")
+        return False
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISREG(mode):
+            _locked_write(fd, data)
+        elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
+            os.set_blocking(fd, True)  # a reader is there: a report longer than its pipe waits
+            _write_all(fd, data)
+        else:
+            _say(
+                f"AUTOALLOC_REPORT={shortened(path)}: not written: neither a regular file, a "
+                "directory, a FIFO nor a character device"
+            )
+            return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _locked_write(fd: int, data: bytes) -> None:
+    try:
+        import fcntl
+    except ImportError:  # no flock here: O_APPEND alone keeps whole lines in practice
+        _write_all(fd, data)
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        _write_all(fd, data)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
 
 
 def parse_es(raw: str | None) -> bool | None:
@@ -276,20 +379,10 @@ class Recorder:
         if self.skip_writing():
             return
         try:
-            text = json.dumps(self.as_dict(), indent=1)
-            path = report_path(self.target, self.pid, rank_vars())
-            if path is None:
-                sys.stderr.write(text + "\n")
-                sys.stderr.flush()
-                return
-            if os.path.dirname(path):
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-            tmp = f"{path}.{self.pid}.tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, path)  # a reader never sees half a report
+            text = json.dumps(self.as_dict(), separators=(",", ":"))
+            emit(report_path(self.target, self.pid, rank_vars()), text)
         except Exception as exc:
-            sys.stderr.write(f"autoalloc: could not write the AUTOALLOC_REPORT report: {exc!r}\n")
+            _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
 
     # ------------------------------------------------------------------ signals
 
@@ -331,6 +424,7 @@ def install(torch: Any | None = None) -> Recorder | None:
         return None
     if RECORDER is not None:
         return RECORDER
+    target = absolute(target)
     torch = torch if torch is not None else sys.modules["torch"]
     import torch.optim.optimizer as optimizer_module
 

@@ -9,7 +9,6 @@ SIGTERM (its processes write their reports), then SIGKILL.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -20,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from autoalloc.ab.arms import Arm, interleave
-from autoalloc.ab.table import report_rank, run_figures
+from autoalloc.ab.table import run_figures
 from autoalloc.envvars import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
 
 TERM_GRACE_S = 15.0
@@ -65,11 +64,12 @@ class Plan:
 class Progress:
     """Which arm and step a run is at: a bar on a terminal, plain lines otherwise."""
 
-    def __init__(self, stream: TextIO, total_runs: int, total_steps: int) -> None:
+    def __init__(self, stream: TextIO, total_runs: int, total_steps: int, warmup: int = 0) -> None:
         self.stream = stream
         self.tty = stream.isatty()
         self.total_runs = total_runs
         self.total_steps = total_steps
+        self.warmup = warmup
         self.last_line = 0.0
         self.last_steps = -1
         self.current = 0
@@ -81,19 +81,19 @@ class Progress:
         if self.tty:
             done = min(1.0, steps / self.total_steps) if self.total_steps else 0.0
             bar = "#" * int(done * 30)
-            self.stream.write(
-                f"\r{head}[{bar:<30}] step {steps}/{self.total_steps} {elapsed:5.0f} s "
-            )
+            self.stream.write(f"\r{head}[{bar:<30}] {self.where(steps)} {elapsed:5.0f} s ")
             self.stream.flush()
         elif steps != self.last_steps and (
             elapsed - self.last_line >= 5 or steps >= self.total_steps
         ):
             self.last_line, self.last_steps = elapsed, steps
-            print(
-                f"{head}step {steps}/{self.total_steps} after {elapsed:.0f} s",
-                file=self.stream,
-                flush=True,
-            )
+            print(f"{head}{self.where(steps)} after {elapsed:.0f} s", file=self.stream, flush=True)
+
+    def where(self, steps: int) -> str:
+        """``warm-up step 9/20`` during the warm-up, then ``step 3/20`` of the measured ones."""
+        if steps <= self.warmup:
+            return f"warm-up step {steps}/{self.warmup}"
+        return f"step {steps - self.warmup}/{self.total_steps - self.warmup}"
 
     def done(self, index: int, run: Run) -> None:
         steps = max((r.get("steps", 0) for r in run.reports), default=0)
@@ -112,20 +112,11 @@ class Progress:
 
 def read_reports(directory: str) -> list[dict[str, Any]]:
     """The reports in a run's directory, rank order (processes without a rank last)."""
-    reports = []
-    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
-        if name.endswith(".json"):
-            try:
-                with open(os.path.join(directory, name), encoding="utf-8") as f:
-                    reports.append({**json.load(f), "file": os.path.join(directory, name)})
-            except (OSError, ValueError):
-                continue
-    return sorted(reports, key=_rank_order)
+    from autoalloc.ab.reports import by_rank, read_directory
 
-
-def _rank_order(report: Mapping[str, Any]) -> int:
-    rank = report_rank(report)
-    return 1 << 30 if rank is None else rank
+    if not os.path.isdir(directory):
+        return []
+    return by_rank(r for v in read_directory(directory) for r in v.reports)
 
 
 def _read_steps(path: str) -> int:
@@ -236,7 +227,7 @@ def _follow(
 def run_all(arms: Sequence[Arm], plan: Plan, stream: TextIO = sys.stderr) -> list[Run]:
     """Every arm ``plan.repeat`` times, interleaved, one after the other."""
     order = interleave(arms, plan.repeat)
-    progress = Progress(stream, len(order), plan.steps + plan.warmup)
+    progress = Progress(stream, len(order), plan.steps + plan.warmup, plan.warmup)
     started, runs = time.perf_counter(), []
     for i, (arm, repeat) in enumerate(order, 1):
         elapsed = time.perf_counter() - started
@@ -273,6 +264,12 @@ def run_notes(
 ) -> list[str]:
     """What the reader must know: failures (exit code, stderr), no steps, settings, ranks."""
     notes = []
+    if not any(run["reports"] for runs in by_arm.values() for run in runs):
+        notes.append(
+            "no report came back from any run: no process of the command imported torch, or "
+            "the command runs a Python that does not have autoalloc (install autoalloc into "
+            "the Python that runs the trainer, and use that environment's `autoalloc ab`)"
+        )
     intents = {arm.name: arm.intent for arm in arms}
     for name, runs in by_arm.items():
         for run in runs:

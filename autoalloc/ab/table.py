@@ -54,9 +54,9 @@ def figures(report: Mapping[str, Any]) -> Figures:
         out["frees_per_step"] = statistics.fmean(s["num_device_free"] for s in cuda_steps)
         out["retries"] = sum(s["num_alloc_retries"] for s in cuda_steps)
         out["ooms"] = sum(s["num_ooms"] for s in cuda_steps)
-    if report.get("peak_reserved") is not None:
-        out["peak_reserved_gib"] = report["peak_reserved"] / GIB
-        out["peak_allocated_gib"] = report["peak_allocated"] / GIB
+    for key in ("peak_reserved", "peak_allocated"):
+        if report.get(key) is not None:
+            out[f"{key}_gib"] = report[key] / GIB
     return out
 
 
@@ -142,7 +142,7 @@ def ratios(on: Sequence[Figures], off: Sequence[Figures], key: str) -> list[floa
 def compare(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off") -> dict[str, Any]:
     """Per row: each arm's value (median of its runs), the ratio a/b, its spread over repeats."""
     rows = {}
-    for _, key, _ in ROWS:
+    for _, key, _ in (*ROWS, ("measured steps", "measured_steps", ".0f")):
         va, vb = arm_value(arms.get(a, ()), key), arm_value(arms.get(b, ()), key)
         r = ratios(arms.get(a, ()), arms.get(b, ()), key)
         rows[key] = {
@@ -161,6 +161,8 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
     ok_off = [r for r in off if not r.get("failed")]
     if not ok_on or not ok_off:
         return f"no comparison: every run of the {a if not ok_on else b} arm failed"
+    if all(r.get("ranks") == 0 for r in [*ok_on, *ok_off]):
+        return "no comparison: no report came back from the command (see the note above)"
     if not any(r.get("cuda") for r in [*ok_on, *ok_off]):
         return (
             "no comparison: the command ran on the CPU, where the CUDA allocator option "
@@ -205,7 +207,10 @@ def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off", notes: b
     cpu = bool(ran) and not any(r.get("cuda") for r in ran)
     head = f"{'':<24}{a:>12}{b:>12}" + ("" if cpu else f"{a + '/' + b:>10}  spread over repeats")
     lines = [head, "-" * len(head)]
-    for label, key, spec in ROWS:
+    # On the CPU the allocator option does nothing: step times there differ by noise alone
+    # (x3 either way on a busy machine) and would read as a verdict. Only the step counts.
+    shown = (("measured steps", "measured_steps", ".0f"),) if cpu else ROWS
+    for label, key, spec in shown:
         row = rows[key]
         line = f"{label:<24}{_cell(row[a], spec):>12}{_cell(row[b], spec):>12}"
         if not cpu and row["ratio"] is not None:
@@ -225,10 +230,38 @@ def render_ab(result: Mapping[str, Any], a: str = "on", b: str = "off", notes: b
         lines.extend(f"note: {note}" for note in result.get("notes", ()))
     if cpu:
         lines.append(
-            "CPU: no ratios; this checked the plumbing (arms, stop, reports), figures need a GPU"
+            "CPU: step times and memory are not compared (the option acts on CUDA memory only; "
+            "ab.json keeps the raw figures); this checked the plumbing (arms, stop, reports)"
         )
     lines.append("verdict: " + verdict(arms, a, b))
     return "\n".join(lines)
+
+
+def _setting(report: Mapping[str, Any]) -> str:
+    decision = report.get("decision") or {}
+    es = (report.get("allocator_settings") or {}).get("expandable_segments")
+    rule = f" (rule {decision['rule']})" if decision.get("rule") else ""
+    return f"expandable_segments={es}, {decision.get('action') or 'no decision'}{rule}"
+
+
+def differing_ranks(reports: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line naming the ranks whose setting differs from rank 0's (nodes of one job decide
+    separately: a node-local policy can make them disagree); nothing when all agree."""
+    ranked = [r for r in reports if isinstance(report_rank(r), int)]
+    main = next((r for r in ranked if report_rank(r) == 0), None)
+    if main is None:
+        return []
+    ref = _setting(main)
+    odd: dict[str, list[tuple[int, str]]] = {}
+    for report in ranked:
+        if _setting(report) != ref:
+            host = str(report.get("host", "?")).split(".")[0]
+            odd.setdefault(_setting(report), []).append((report_rank(report) or 0, host))
+    return [
+        f"ranks differ: rank {', '.join(f'{r} ({h})' for r, h in sorted(who))} got {setting}; "
+        f"rank 0 got {ref}"
+        for setting, who in odd.items()
+    ]
 
 
 def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
@@ -241,7 +274,7 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
     for report in reports:
         fig = figures(report)
         decision = report.get("decision") or {}
-        what = decision.get("action") or "-"
+        what = str(decision.get("action") or "-")
         if decision.get("rule"):
             what += f" {decision['rule']}"
         name = os.path.basename(str(report.get("file", report.get("pid", "?"))))[-33:]
@@ -254,8 +287,15 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
             f"{_cell(fig.get('peak_allocated_gib'), '.2f'):>10}"
             f"  {fig['expandable_segments']!s:<6} {what}"
         )
+    lines += differing_ranks(reports)
     devices = sorted({str(r.get("device_name")) for r in reports})
     lines.append(
         f"device: {', '.join(devices)}; step time: wall time from the previous optimizer step's end"
     )
+    lines.append("ES: expandable_segments, as torch itself reported it at the process's exit")
+    if not any(r.get("cuda") for r in reports):
+        lines.append(
+            "mallocs (device mallocs per step), retries, OOMs, resv/alloc GiB (peak memory): "
+            "CUDA allocator counters; these processes did not use CUDA, so they show -"
+        )
     return "\n".join(lines)
