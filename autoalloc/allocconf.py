@@ -173,11 +173,17 @@ def version_error(key: str, value: str, release: tuple[int, int]) -> str | None:
     return None
 
 
+def _short(value: object) -> str:
+    from autoalloc.messages import shortened  # only when there is a mistake to report
+
+    return shortened(value)
+
+
 def serialize_value(key: str, value: object) -> str:
     """Torch's text for one policy value (TOML-typed); raises ConfError for anything invalid."""
     spec = KEYS.get(key)
     if spec is None:
-        raise ConfError(f"unknown allocator option {key!r}")
+        raise ConfError(f"unknown allocator option {_short(key)}")
     return spec.check(value)
 
 
@@ -259,16 +265,16 @@ def parse(text: str) -> list[tuple[str, str]]:
     for item in items:
         key, sep, value = item.partition(":")
         if not sep or not _KEY_RE.match(key) or not value:
-            raise ConfError(f"{item!r} is not key:value")
+            raise ConfError(f"{_short(item)} is not key:value")
         if value.startswith("["):
             if not value.endswith("]"):
-                raise ConfError(f"{item!r} has text after ']'")
+                raise ConfError(f"{_short(item)} has text after ']'")
             for entry in value[1:-1].split(","):
                 left, sep, right = entry.partition(":")
                 if not (sep and _ATOM_RE.match(left) and _ATOM_RE.match(right)):
-                    raise ConfError(f"{item!r} has a malformed list")
+                    raise ConfError(f"{_short(item)} has a malformed list")
         elif not _ATOM_RE.match(value):
-            raise ConfError(f"{item!r} has a malformed value")
+            raise ConfError(f"{_short(item)} has a malformed value")
         pairs.append((key, value))
     return pairs
 

@@ -35,6 +35,7 @@ from autoalloc.allocconf import ALL_VARS, ALLOC_VAR, CUDA_VAR, HIP_VAR
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.match import first_match
+from autoalloc.messages import shortened
 from autoalloc.policy import Policy, Rule, Valued
 from autoalloc.torchinfo import TorchInfo
 
@@ -341,7 +342,7 @@ def _several_vars(
     set_vars = [name for name in (CUDA_VAR, HIP_VAR, ALLOC_VAR) if name in env_before]
     if len({env_before[name] for name in set_vars}) < 2:
         return None
-    shown = ", ".join(f"{name}={env_before[name]!r}" for name in set_vars)
+    shown = ", ".join(f"{name}={shortened(env_before[name])}" for name in set_vars)
     if read_var is None:
         reads = " or ".join(allocconf.read_order(torch))
         used = f"reads none of them (it reads only {reads})"
@@ -430,7 +431,7 @@ def _ignored_vars(env_before: Mapping[str, str], torch: TorchInfo | None) -> str
     One it ignores (PYTORCH_ALLOC_CONF on a 2.9 CUDA build) stays ignored: copying it over
     could wake up options this torch rejects.
     """
-    shown = ", ".join(f"{name}={text!r}" for name, text in env_before.items())
+    shown = ", ".join(f"{name}={shortened(text)}" for name, text in env_before.items())
     reads = " or ".join(allocconf.read_order(torch))
     return (
         f"autoalloc: {_torch_name(torch)} ignores {shown} (it reads only {reads}); "
@@ -443,7 +444,7 @@ def _unparseable(var: str | None, text: str, rule: str, exc: Exception) -> str:
     if allocconf.aborts_import(text):
         fatal = "; torch 2.10+ CUDA builds abort `import torch` (SIGABRT) on it"
     return (
-        f"autoalloc: cannot parse {var}={text!r} ({exc}); it is left exactly as it is and "
+        f"autoalloc: cannot parse {var}={shortened(text)} ({exc}); it is left exactly as it is and "
         f"rule {rule} is not applied{fatal}"
     )
 
@@ -481,7 +482,7 @@ def _drop_size_clashes(state: _Resolving) -> None:
         them = "them" if len(dropped) > 1 else "it"
         state.warnings.append(
             f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
-            f"{state.read_var}={state.existing!r} would be rejected by torch ({problem}); "
+            f"{state.read_var}={shortened(state.existing)} would be rejected by torch ({problem}); "
             f"autoalloc does not add {them}"
         )
 

@@ -146,3 +146,21 @@ def warn(message: str, stacklevel: int | None = None, skip: tuple[str, ...] = ()
         warnings.warn(message, AutoallocWarning, stacklevel=level)
     except Exception:  # `-W error` must not turn our advice into the host's crash
         pass
+
+
+SHORT = 60  # characters of a user's value a message quotes
+
+
+def shortened(value: object, limit: int = SHORT) -> str:
+    """``value`` quoted for a message, as ``repr`` does, but short whatever its size.
+
+    Policy keys, environment values and paths come from the user or from any repository: a
+    900 KB key must not become a 1.8 MB warning. A longer string keeps its first ``limit``
+    characters and says how long it was.
+    """
+    if isinstance(value, str) and len(value) > limit:
+        return printable(repr(value[:limit])[:-1] + "...'") + f" ({len(value)} characters)"
+    text = repr(value)
+    if len(text) > limit + 2:
+        text = text[: limit - 1] + "..."
+    return printable(text)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from autoalloc import allocconf
-from autoalloc.messages import closest, did_you_mean
+from autoalloc.messages import closest, did_you_mean, shortened
 
 MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
 MAX_STR = 4096
@@ -155,7 +155,7 @@ def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> D
 
 
 def _setting_cost(key: str) -> str:
-    return f"The setting {key!r} is ignored."
+    return f"The setting {shortened(key)} is ignored."
 
 
 def _known_first(
@@ -168,7 +168,7 @@ def _known_first(
             hint = did_you_mean(key, fields)
             if key == "trusted_dirs":
                 hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
-            problems.append(Problem(f"{_at(where)}unknown key {key!r}{hint}", cost(key)))
+            problems.append(Problem(f"{_at(where)}unknown key {shortened(key)}{hint}", cost(key)))
     return [(key, value) for key, value in data.items() if key in fields]
 
 
@@ -234,8 +234,7 @@ def _either(choices: Sequence[str]) -> str:
 
 def _shown(value: object) -> str:
     """A wrong value as a message quotes it: short, whatever its size."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
+    return shortened(value, 40)
 
 
 def _strings(value: object, name: str) -> tuple[str, ...]:
@@ -259,7 +258,7 @@ def allocator(value: object, where: str) -> dict[str, str]:
         if key not in allocconf.KEYS:
             hint = did_you_mean(key, allocconf.KEYS)
             rule = where.rpartition(": ")[0]  # 'rule 2 ("x")' from 'rule 2 ("x"): allocator'
-            raise PolicyError(f"{_at(rule)}unknown allocator option {key!r}{hint}")
+            raise PolicyError(f"{_at(rule)}unknown allocator option {shortened(key)}{hint}")
         try:
             out[key] = allocconf.serialize_value(key, item)
         except allocconf.ConfError as exc:
@@ -280,7 +279,7 @@ def _kept_options(options: dict, where: str, problems: list[Problem]) -> dict[st
             kept[key] = value
         except PolicyError as exc:
             why = _default_instead(key, options)
-            problems.append(Problem(str(exc), f"The option {key!r} is ignored{why}."))
+            problems.append(Problem(str(exc), f"The option {shortened(key)} is ignored{why}."))
     return allocator(kept, where)
 
 

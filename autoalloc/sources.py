@@ -266,6 +266,27 @@ _UNTRUSTED = (
 )
 
 
+def shadow_note(pyproject: str) -> str:
+    """What a run, ``explain`` and ``check`` say about a ``[tool.autoalloc]`` never read."""
+    return (
+        f"The [tool.autoalloc] table of {messages.printable(pyproject)} is ignored: "
+        "autoalloc.toml in the same directory wins (move that table into autoalloc.toml, "
+        "or delete autoalloc.toml)."
+    )
+
+
+def shadowed_table(path: str) -> str | None:
+    """The ``pyproject.toml`` beside an ``autoalloc.toml`` when it has a ``[tool.autoalloc]``
+    table, which is then never read (None: there is none, or it is not one)."""
+    if os.path.basename(path) != "autoalloc.toml":
+        return None
+    sibling = os.path.join(os.path.dirname(path), "pyproject.toml")
+    try:
+        return sibling if _tool_autoalloc(read_bytes(sibling)) is not None else None
+    except (FileNotFoundError, LayerError):
+        return None
+
+
 def _examinable(path: str) -> bool:
     """False when a permission on the way keeps ``path`` from being examined at all.
 
@@ -320,8 +341,9 @@ def _find(start: str | None, trusted: Sequence[str] | None) -> LayerStatus | Non
 def find_project(start: str | None) -> LayerStatus | None:
     """The nearest project policy searched upward from ``start``, without ownership checks.
 
-    ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
-    ``pyproject.toml`` without ``[tool.autoalloc]`` does not count.
+    ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory (``with_shadow``
+    names the table that leaves unread); a ``pyproject.toml`` without ``[tool.autoalloc]``
+    does not count.
     """
     return _find(start, None)
 
@@ -361,6 +383,13 @@ def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatu
         # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
         # read from the working directory, i.e. from whatever repository is there.
         return LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)")
+    if not _examinable(path):
+        # HOME or XDG_CONFIG_HOME below a directory this user cannot enter (`docker run
+        # --user 1000` on an image whose HOME is /root): no file the user could have written.
+        return LayerStatus(
+            layer, path, "missing", "cannot be examined: a directory on the way is not "
+            "searchable by this user"
+        )
     return load_file(layer, path)
 
 
@@ -431,7 +460,15 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
     found = _find(project_start(entry, cwd), trusted)
     project = LayerStatus("project", None, "missing") if found is None else found
-    return [builtin, site, user, _validated(project, allow_trust=False), named]
+    return [builtin, site, user, with_shadow(_validated(project, allow_trust=False)), named]
+
+
+def with_shadow(layer: LayerStatus) -> LayerStatus:
+    """The project layer, its message naming the ``[tool.autoalloc]`` table it leaves unread."""
+    shadowed = shadowed_table(layer.path) if layer.path else None
+    if shadowed is None:
+        return layer
+    return replace(layer, message=f"{layer.message} {shadow_note(shadowed)}".strip())
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
