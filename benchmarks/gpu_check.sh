@@ -15,8 +15,22 @@
 #      560: --deadline makes the A/B skip runs rather than overrun), and writes
 #      quick.json/.png, ab.json/.png, full.json/.png and gpu_check.log under $OUT
 #      (default benchmarks/out/gpu_check).
+#
+#   bash benchmarks/gpu_check.sh --dry-run     (on any CPU machine; scripts/test.sh --full runs it)
+#      does everything the GPU run does, in CPU mode: builds autoalloc's wheel from this
+#      checkout (no index: hatchling from PYTHON's environment), installs it offline into a
+#      fresh venv beside PYTHON's torch (the path the GPU run takes when python3's environment
+#      is not writable), checks the hook is live there, runs `autoalloc bench --quick` (its CPU
+#      smoke path) and `autoalloc ab` on the workload (CPU, a few steps), and writes the
+#      results folder (default benchmarks/out/gpu_check-dry-run). The full A/B is left out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY=1
+    shift
+fi
 
 if [ "${1:-}" = "--prepare" ]; then
     set -e
@@ -28,36 +42,60 @@ if [ "${1:-}" = "--prepare" ]; then
     exit 0
 fi
 
-OUT=${OUT:-benchmarks/out/gpu_check}
+if [ "$DRY" = 1 ]; then
+    OUT=${OUT:-benchmarks/out/gpu_check-dry-run}
+else
+    OUT=${OUT:-benchmarks/out/gpu_check}
+fi
 LIMIT=${GPU_CHECK_LIMIT:-560}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+rm -f "$OUT"/*.json "$OUT"/*.png
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 START=$SECONDS
+SCRATCH=$(mktemp -d "${TMPDIR:-/tmp}/autoalloc-gpu-check.XXXXXX")
+trap 'rm -rf "$SCRATCH"' EXIT  # the venv, the wheel and the runs' logs (ab.json keeps their tails)
+WHL=.whl
 
 echo "== machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || echo "(no nvidia-smi)"
-"$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
+"$PY" -c 'import sys, torch; print(sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)' || exit 2
 
-echo "== install autoalloc (from .whl/, no index)"
-ls .whl/autoalloc-*.whl .whl/platformdirs-*.whl || { echo "no wheels: run 'bash benchmarks/gpu_check.sh --prepare' where pip reaches the index, and copy .whl/ along"; exit 2; }
-if ! "$PY" -m pip install -q --no-index --no-deps --force-reinstall .whl/platformdirs-*.whl .whl/autoalloc-*.whl; then
-    # python3's environment is not writable: a venv of our own that sees its packages.
-    echo "installing into a venv beside python3's environment instead"
-    SITE=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    "$PY" -m venv --without-pip /tmp/autoalloc-venv || exit 2
-    VPY=/tmp/autoalloc-venv/bin/python
-    VSITE=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    echo "$SITE" > "$VSITE/_gpu_check_base.pth"
-    "$PY" -m pip --python "$VPY" install -q --no-index --no-deps .whl/platformdirs-*.whl .whl/autoalloc-*.whl || exit 2
-    PY=$VPY
+# install_beside: a fresh venv of our own that sees $PY's packages (its torch), autoalloc's
+# wheel installed into it with no index; PY becomes the venv's python.
+install_beside() {
+    local venv=$SCRATCH/venv site vsite
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PY" -m venv --without-pip "$venv" || exit 2
+    vsite=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    echo "$site" > "$vsite/_gpu_check_base.pth"
+    "$PY" -m pip --python "$venv/bin/python" install -q --no-index --no-deps "$@" || exit 2
+    PY=$venv/bin/python
+}
+
+if [ "$DRY" = 1 ]; then
+    echo "== dry run: build autoalloc's wheel from this checkout (no index)"
+    WHL=$SCRATCH/whl
+    "$PY" -m pip wheel -q --no-deps --no-index --no-build-isolation -w "$WHL" . || exit 2
+    ls -l "$WHL"/autoalloc-*.whl || exit 2
+    echo "== install autoalloc into a fresh venv beside $PY's torch (offline; platformdirs from there)"
+    install_beside "$WHL"/autoalloc-*.whl
+else
+    echo "== install autoalloc (from .whl/, no index)"
+    ls .whl/autoalloc-*.whl .whl/platformdirs-*.whl || { echo "no wheels: run 'bash benchmarks/gpu_check.sh --prepare' where pip reaches the index, and copy .whl/ along"; exit 2; }
+    if ! "$PY" -m pip install -q --no-index --no-deps --force-reinstall .whl/platformdirs-*.whl .whl/autoalloc-*.whl; then
+        # python3's environment is not writable: a venv of our own that sees its packages.
+        echo "installing into a venv beside python3's environment instead"
+        install_beside .whl/platformdirs-*.whl .whl/autoalloc-*.whl
+    fi
 fi
+"$PY" -c 'import autoalloc, os, sys; print("autoalloc from", os.path.dirname(autoalloc.__file__))' 
 "$PY" -c 'import sys; armed = any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path); print("hook armed:", armed); sys.exit(0 if armed else 1)' \
     || { echo "autoalloc's startup hook is not live in $PY"; exit 2; }
 
 echo "== autoalloc bench --quick"
-"$PY" -m autoalloc bench --quick --out /tmp/autoalloc-bench-quick \
+"$PY" -m autoalloc bench --quick --out "$SCRATCH/bench-quick" \
     --json "$OUT/quick.json" --png "$OUT/quick.png" --deadline 170
 QUICK_RC=$?
 
@@ -66,13 +104,20 @@ QUICK_RC=$?
 CAP_GB=$("$PY" -c 'import json, sys; c = json.load(open(sys.argv[1]))["bench"]["calibration"]; print("%.2f" % (c["cap_bytes"] / 2**30) if c.get("cap_bytes") else "")' "$OUT/quick.json" 2>/dev/null)
 REMAINING=$((LIMIT - (SECONDS - START)))
 AB_RC=0
-if [ -n "$CAP_GB" ] && [ "$REMAINING" -gt 150 ]; then
+if [ "$DRY" = 1 ]; then
+    echo "== autoalloc ab --steps 3 --repeat 1 -- the workload on the CPU (dry run)"
+    "$PY" -m autoalloc ab --steps 3 --warmup 2 --repeat 1 --timeout 300 --out "$SCRATCH/ab" \
+        -- "$PY" -m autoalloc.bench.workload --preset quick --device cpu --steps 100000
+    AB_RC=$?
+    cp "$SCRATCH/ab/ab.json" "$OUT/ab.json" 2>/dev/null
+    cp "$SCRATCH/ab/ab.png" "$OUT/ab.png" 2>/dev/null
+elif [ -n "$CAP_GB" ] && [ "$REMAINING" -gt 150 ]; then
     echo "== autoalloc ab --steps 100 --repeat 2 -- the workload at a ${CAP_GB} GiB cap (${REMAINING} s left)"
     timeout $((REMAINING - 20)) "$PY" -m autoalloc ab --steps 100 --warmup 20 --repeat 2 --timeout 120 \
-        --out /tmp/autoalloc-ab -- "$PY" -m autoalloc.bench.workload --preset quick --steps 100000 --cap-gb "$CAP_GB"
+        --out "$SCRATCH/ab" -- "$PY" -m autoalloc.bench.workload --preset quick --steps 100000 --cap-gb "$CAP_GB"
     AB_RC=$?
-    cp /tmp/autoalloc-ab/ab.json "$OUT/ab.json" 2>/dev/null
-    cp /tmp/autoalloc-ab/ab.png "$OUT/ab.png" 2>/dev/null
+    cp "$SCRATCH/ab/ab.json" "$OUT/ab.json" 2>/dev/null
+    cp "$SCRATCH/ab/ab.png" "$OUT/ab.png" 2>/dev/null
 else
     echo "skipping autoalloc ab: no calibrated cap from the quick run, or not enough time left"
 fi
@@ -80,8 +125,10 @@ fi
 REMAINING=$((LIMIT - (SECONDS - START)))
 echo "== autoalloc bench (the full A/B; ${REMAINING} s left)"
 FULL_RC=0
-if [ "$REMAINING" -gt 120 ]; then
-    "$PY" -m autoalloc bench --out /tmp/autoalloc-bench-full \
+if [ "$DRY" = 1 ]; then
+    echo "dry run: the full A/B is for the GPU (the quick run above went through the same path)"
+elif [ "$REMAINING" -gt 120 ]; then
+    "$PY" -m autoalloc bench --out "$SCRATCH/bench-full" \
         --json "$OUT/full.json" --png "$OUT/full.png" --deadline $((REMAINING - 30))
     FULL_RC=$?
 else

@@ -23,7 +23,7 @@ ensure_venv() {
     shift 2
     local stamp="$venv/.autoalloc-installed"
     local want
-    want="$(cat pyproject.toml autoalloc.pth autoalloc.start | sha256sum | cut -d' ' -f1) $*"
+    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py | sha256sum | cut -d' ' -f1) $*"
     if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
         echo "using $venv ($what, up to date)"
         return
@@ -52,6 +52,19 @@ if [ "$FULL" = 1 ]; then
     export AUTOALLOC_TORCH_CUDA_PYTHON="$PWD/$CUDA_VENV/bin/python"
     PYTHON_TESTED=$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     bash scripts/pythons.sh --skip "$PYTHON_TESTED"
+    echo "gpu_check.sh --dry-run (what the GPU run does, on the CPU) ..."
+    DRY_OUT=$(mktemp -d)
+    if ! PYTHON="$PWD/$VENV/bin/python" OUT="$DRY_OUT" bash benchmarks/gpu_check.sh --dry-run \
+        > "$DRY_OUT/stdout.txt" 2>&1; then
+        tail -40 "$DRY_OUT/stdout.txt"
+        echo "benchmarks/gpu_check.sh --dry-run failed (log above)"
+        exit 1
+    fi
+    for result in quick.json ab.json gpu_check.log; do
+        [ -s "$DRY_OUT/$result" ] || { echo "gpu_check.sh --dry-run wrote no $result"; exit 1; }
+    done
+    echo "gpu_check.sh --dry-run ok: $(ls "$DRY_OUT" | tr '\n' ' ')"
+    rm -rf "$DRY_OUT"
     PYTEST_ARGS+=(--full)
 fi
 
