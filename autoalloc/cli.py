@@ -87,6 +87,16 @@ def _cmd_init(args: argparse.Namespace) -> int:
 
 def _check_file(path: str) -> list[str]:
     """What is wrong with one policy file (nothing: it is valid, and says so)."""
+    if os.path.basename(path) == "pyproject.toml":
+        beside = os.path.join(os.path.dirname(path), "autoalloc.toml")
+        if os.path.isfile(beside) and sources.shadowed_table(beside) is not None:
+            return [sources.shadow_note(path)]
+    problems = _file_problems(path)
+    shadowed = sources.shadowed_table(path)
+    return problems + ([sources.shadow_note(shadowed)] if shadowed is not None else [])
+
+
+def _file_problems(path: str) -> list[str]:
     from autoalloc.policy import PolicyError, Source, salvage
 
     layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
@@ -104,7 +114,7 @@ def _check_file(path: str) -> list[str]:
         config, problems = salvage(table, Source(layer, path), allow_trust=layer != "project")
     except PolicyError as exc:
         return [f"{exc}; the file is ignored"]
-    if not problems:
+    if not problems and sources.shadowed_table(path) is None:
         count = len(config.rules)
         print(f"ok     {path}  ({count} rule{'' if count == 1 else 's'})")
     return list(problems)
