@@ -386,10 +386,8 @@ def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatu
     if not _examinable(path):
         # HOME or XDG_CONFIG_HOME below a directory this user cannot enter (`docker run
         # --user 1000` on an image whose HOME is /root): no file the user could have written.
-        return LayerStatus(
-            layer, path, "missing", "cannot be examined: a directory on the way is not "
-            "searchable by this user"
-        )
+        why = "cannot be examined: a directory on the way is not searchable by this user"
+        return LayerStatus(layer, path, "missing", why)
     return load_file(layer, path)
 
 
