@@ -9,9 +9,13 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from autoalloc import __version__, sources
 from autoalloc.envvars import CONFIG_VAR
+
+if TYPE_CHECKING:
+    from autoalloc.policy import Rule
 
 STARTER = """\
 # autoalloc policy (WHERE). Everything below is commented out: this file changes nothing
@@ -114,10 +118,22 @@ def _file_problems(path: str) -> list[str]:
         config, problems = salvage(table, Source(layer, path), allow_trust=layer != "project")
     except PolicyError as exc:
         return [f"{exc}; the file is ignored"]
+    problems = [*problems, *_dead_triggers(config.rules)]
     if not problems and sources.shadowed_table(path) is None:
         count = len(config.rules)
         print(f"ok     {path}  ({count} rule{'' if count == 1 else 's'})")
     return list(problems)
+
+
+def _dead_triggers(rules: Sequence[Rule]) -> list[str]:
+    from autoalloc import selfimports
+
+    out = []
+    for rule in rules:
+        names = selfimports.never_triggers(rule.imports)
+        if names:
+            out.append(selfimports.message(rule.name, names))
+    return out
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

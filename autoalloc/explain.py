@@ -15,7 +15,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autoalloc import entrypoint, torchinfo, wrappers
+from autoalloc import entrypoint, selfimports, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
@@ -151,6 +151,12 @@ def explain(
             "target": launcher.entry.target,
             "worker_argv": list(result.workers) if result.workers else None,
         }
+    if result.policy is not None:
+        report["never_triggers"] = [
+            selfimports.message(rule.name, names)
+            for rule in result.policy.rules
+            if (names := selfimports.never_triggers(rule.imports))
+        ]
     if result.decision.action == "none" and result.policy is not None:
         report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
         if not trains and watches_training(result.policy.rules):
@@ -342,5 +348,6 @@ def _render_decision(report: Mapping[str, Any]) -> list[str]:
         names = ", ".join(report["training_rules"])
         lines.append(f"on training:  {names} (can still decide once the program trains)")
     lines += [f"warning:      {warning}" for warning in d["warnings"]]
+    lines += [f"warning:      {never}" for never in report.get("never_triggers", ())]
     lines += [f"note:         {note}" for note in d["notes"]]
     return lines

@@ -78,7 +78,11 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
     commit(STATE.plan.decision)
     watcher = _watcher()
     if watcher is not None and STATE.decision.action == "none" and STATE.policy is not None:
-        watcher.names |= pending_triggers(STATE.policy.rules, STATE.plan.imported)
+        pending = pending_triggers(STATE.policy.rules, STATE.plan.imported)
+        dead = pending & STATE.own
+        if dead:  # already in sys.modules: the program's import of them executes nothing
+            messages.debug(f"imports {sorted(dead)} cannot trigger: autoalloc imported them")
+        watcher.names |= pending - dead
 
 
 def after_exec(module: ModuleType, imported: set[str]) -> None:

@@ -23,7 +23,7 @@ import pytest
 
 from autoalloc import cli, decide, entrypoint, sources
 from autoalloc.messages import shortened
-from tests.conftest import PY, Sandbox, assert_untouched, autoalloc_warnings, clean_env
+from tests.helpers import PY, Sandbox, assert_untouched, autoalloc_warnings, clean_env
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(
@@ -43,6 +43,7 @@ def open_dir() -> Iterator[Path]:
 def as_nobody(work: Callable[[], object]) -> object:
     """``work()``'s JSON-able result, computed in a child running as user ``nobody``."""
     import encodings.utf_8_sig  # noqa: F401  (loaded now: below /root, out of nobody's reach)
+    import statistics  # noqa: F401
 
     import platformdirs  # noqa: F401
     import tomllib  # noqa: F401

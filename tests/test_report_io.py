@@ -22,7 +22,7 @@ import pytest
 
 from autoalloc import cli
 from autoalloc.ab import recorder, reports
-from tests.conftest import PY, REPO, clean_env
+from tests.helpers import PY, REPO, clean_env
 
 TINY = str(REPO / "tests" / "tiny_train.py")
 

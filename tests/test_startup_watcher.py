@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import _startup
-from tests.conftest import PY, clean_env
+from tests.helpers import PY, clean_env
 
 LOADER_CHECKS = """
 import importlib.abc, importlib.machinery, importlib.util, pickle, sys

@@ -1,0 +1,55 @@
+"""A module autoalloc itself imports to decide (json, tomllib, platformdirs...) can never
+trigger an ``imports`` rule: ``check`` and ``explain`` say so, the hook traces it, and the
+list they use covers what the decision really imports (real torch, the real hook)."""
+
+from __future__ import annotations
+
+import json
+
+from autoalloc.selfimports import SELF_IMPORTS, never_triggers
+from tests.helpers import Sandbox, assert_untouched
+
+POLICY = """\
+[[rules]]
+name = "by-json"
+imports = ["json", "mytoolkit.asr"]
+"""
+
+SCRIPT = """
+import torch
+import json
+from autoalloc import hook
+print("OWN " + json.dumps(sorted(hook.STATE.own)))
+"""
+
+
+def test_a_module_autoalloc_imports_never_triggers_and_the_list_covers_them(
+    sandbox: Sandbox,
+) -> None:
+    sandbox.write("autoalloc.toml", POLICY)
+    script = sandbox.script("train.py", SCRIPT)
+    result = sandbox.run([str(script)], env={"AUTOALLOC_DEBUG": "1"})
+    assert_untouched(result)  # the program imported json after torch: nothing fired
+    assert "imports ['json'] cannot trigger: autoalloc imported them" in result.stderr
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("OWN ")]
+    own = {m for m in json.loads(line[4:]) if m.split(".")[0] != "autoalloc"}
+    assert own <= SELF_IMPORTS, sorted(own - SELF_IMPORTS)
+
+
+def test_check_and_explain_name_the_rule(sandbox: Sandbox) -> None:
+    sandbox.write("autoalloc.toml", POLICY)
+    check = sandbox.run(["-m", "autoalloc", "check", "autoalloc.toml"])
+    assert check.returncode == 1
+    assert "rule by-json: imports 'json' can never trigger it" in check.stdout
+    assert "mytoolkit" not in check.stdout  # a module of the program is fine
+    explain = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"])
+    assert "warning:      rule by-json: imports 'json' can never trigger it" in explain.stdout
+
+
+def test_never_triggers() -> None:
+    assert never_triggers(["json", "tomllib", "platformdirs", "nemo.collections.asr"]) == [
+        "json",
+        "tomllib",
+        "platformdirs",
+    ]
+    assert never_triggers(["json.tool", "autoalloc.hook", "wave"]) == ["autoalloc.hook"]
