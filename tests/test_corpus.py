@@ -332,18 +332,41 @@ def test_the_default_policy_on_programs_no_rule_names() -> None:
     shown = render_unlisted("built-in policy, run view, TRAIN rows as positives:", table)
     print("\n" + shown + "\n" + "\n".join(wrong))
     assert ratios(table["all"])[1] >= UNLISTED_GOAL, shown + "\n" + "\n".join(wrong)
+    first = [row for row in UNLISTED if row["set"] == "unlisted"]  # unlisted_labels.toml's trees
+    assert set(unexplained_false_positives(first)) <= KNOWN_FALSE_POSITIVES, shown
+
+
+def unexplained_false_positives(rows: list[dict]) -> list[tuple[str, str]]:
+    """Rows that get the option from the default policy without being speech-to-text trainers,
+    and that KNOWN_FALSE_POSITIVES does not explain."""
     policy = builtin_policy()
-    unexplained = [
+    return [
         (row["repo"], row["path"])
-        for row in UNLISTED
-        if row["label"] != "TRAIN" and row["label"] != "AMBIGUOUS" and unlisted_rule(policy, row)
+        for row in rows
+        if row["label"] not in ("TRAIN", "AMBIGUOUS")
+        and unlisted_rule(policy, row)
+        and (row["repo"], row["path"]) not in KNOWN_FALSE_POSITIVES
     ]
-    assert set(unexplained) <= KNOWN_FALSE_POSITIVES, shown
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured 0.739 (34 TP, 12 FP: the known false positives above) on 14 trees",
+    reason="speech-training precision with audio trainers: on the hard negatives "
+    "(tests/corpus/audio_labels.toml) 24 other audio trainers get the option (coqui-ai/TTS 10, "
+    "wespeaker 4, GPT-SoVITS 3, Amphion 3, DeepFilterNet, ParallelWaveGAN, pyannote-audio, "
+    "audioset_tagging_cnn 1 each); measured with the rules of 96ed5c5",
+)
+def test_speech_training_precision_with_audio_trainers() -> None:
+    """Of the other audio trainers (TTS, vocoders, codecs, separation, enhancement, speaker,
+    KWS, classification) and the inference/export tools, none gets the option by default
+    beyond the known false positives."""
+    assert unexplained_false_positives(UNLISTED) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="measured 0.486 (34 TP, 36 FP: the 12 known false positives above and 24 other "
+    "audio trainers of the hard negatives) on 36 trees",
 )
 def test_the_default_policy_precision_goal() -> None:
     table, _ = unlisted_score(builtin_policy(), "TRAIN")
@@ -367,8 +390,10 @@ def test_audio_training_once_enabled_on_programs_no_rule_names() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured 0.000: the 10 AUDIO trainers of the 14 trees are SLAM-LLM's, which import "
-    "what its ASR trainers do, and Matcha-TTS, whose audio modules a static reading does not reach",
+    reason="measured 0.669 (83 of 124 AUDIO trainers): SLAM-LLM's 10 import what its ASR "
+    "trainers do, Matcha-TTS's audio modules are not reached by a static reading, and 30 other "
+    "audio trainers of the hard negatives are missed (coqui-ai/TTS 10, wespeaker 4, GPT-SoVITS 4, "
+    "Amphion 4, ...)",
 )
 def test_audio_training_recall_goal() -> None:
     table, _ = unlisted_score(builtin_policy(OFF_RULES), "AUDIO", rule="audio-training")

@@ -65,7 +65,9 @@ TREES = (
     Tree("modelscope/FunASR", "3c58cb56a56598232c3efffa15d313d7e82a4307",
          ("runtime/**", "web-pages/**", "fun_text_processing/**"), imports_all=("funasr",)),
     Tree("FunAudioLLM/SenseVoice", "d478f77b134c50a12e2a77e35a4cea3a6e12901d", ("runtime/**",)),
-    Tree("X-LANCE/SLAM-LLM", "a68e78f93a12a678438c8b43974fd987abb66927"),
+    # src/slam_llm/models/vallex/transformers.py is not what `from transformers import` loads
+    Tree("X-LANCE/SLAM-LLM", "a68e78f93a12a678438c8b43974fd987abb66927",
+         external=("transformers",)),
     Tree("bytedance/SALMONN", "a58bba799a2eec05df09df102553f5c623808c12"),  # branch salmonn
     Tree("bytedance/SALMONN", "d96495623580e14bfc1a5204e2852bc1e8007d53"),  # branch salmonn2
     Tree("fixie-ai/ultravox", "648efe7f55510afff7adb45f076e904b3aba1d02"),
@@ -84,7 +86,33 @@ TREES = (
 # Trees of audio training outside speech-to-text (TTS, vocoders, codecs, separation, enhancement,
 # speaker, classification, music) and of ASR inference/export tools: the hard negatives
 # (tests/corpus/audio_labels.toml).
-AUDIO_TREES: tuple[Tree, ...] = ()
+AUDIO_TREES = (
+    Tree("coqui-ai/TTS", "dbf1a08a0d4e47fdad6172e433eeb34bc6b13b4e",
+         extra=("recipes/**/train*.py",)),  # plain scripts calling trainer.fit()
+    Tree("open-mmlab/Amphion", "d3de90f02e7f1c7dbc24b04d52fe1b8ef438effe",
+         external=("transformers",)),
+    Tree("NVIDIA/BigVGAN", "7d2b454564a6c7d014227f635b7423881f14bdac", external=("torch",)),
+    Tree("facebookresearch/audiocraft", "896ec7c47f5e5d1e5aa1e4b260c4405328bf009d"),
+    Tree("yl4579/StyleTTS2", "5cedc71c333f8d8b8551ca59378bdcc7af4c9529"),
+    Tree("shivammehta25/Matcha-TTS", "108906c603fad5055f2649b3fd71d2bbdf222eac"),
+    Tree("RVC-Boss/GPT-SoVITS", "48b1a0169a28582a8984402f82cf438d3bfa6aca", external=("torch",)),
+    Tree("fishaudio/fish-speech", "3dd1f85c402ee6f0a17c2971d3b0dd8d881ca139"),
+    Tree("kan-bayashi/ParallelWaveGAN", "86740373ec609cb9fb192d472d2aea125041491a"),
+    Tree("ming024/FastSpeech2", "d4e79eb52e8b01d24703b2dfc0385544092958f3"),
+    Tree("descriptinc/descript-audio-codec", "c7cfc5d2647e26471dc394f95846a0830e7bec34"),
+    # the last commit with the pyannote-audio-train CLI (training moved to notebooks after it)
+    Tree("pyannote/pyannote-audio", "54947d0f66537968081645e7ee1330f700f26a2e"),
+    Tree("wenet-e2e/wespeaker", "dfa741957e5c11f477623b6e583d67d0af25ee88"),
+    Tree("wenet-e2e/wekws", "1a8ee651620f49a8a7779be4d30668157fc23350"),
+    Tree("ddlBoJack/emotion2vec", "a0e606c668227ab0c01527e196a4acc42b1efad9"),
+    Tree("qiuqiangkong/audioset_tagging_cnn", "d2f4b8c18eab44737fcc0de1248ae21eb43f6aa4"),
+    Tree("Rikorose/DeepFilterNet", "d375b2d8309e0935d165700c91da9de862a99c31"),
+    Tree("sp-uhh/sgmse", "ae690e8c046aa163da0c6c774842fa5f9a5f2183"),
+    Tree("asteroid-team/asteroid", "92c8d83a9dbe7c3afd1cd097e31254e0b4f82881"),
+    Tree("facebookresearch/demucs", "e976d93ecc3865e5757426930257e200846a520a"),
+    Tree("k2-fsa/sherpa-onnx", "634265c9b57642fdd158120148785c89aa281c4b"),
+    Tree("m-bain/whisperX", "2cfd7b7c5c7bba144954364db747319b50e8232b"),
+)
 
 LABEL_KINDS = ("TRAIN", "AUDIO", "OTHER", "AMBIGUOUS")
 
