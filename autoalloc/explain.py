@@ -23,7 +23,7 @@ from autoalloc.policy import Policy, Rule
 
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
 _RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
-_RULE_LISTS += ("not_imports", "not_imports_unless")
+_RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
 
 
 def interpreter_argv(command: Sequence[str]) -> list[str]:
@@ -178,21 +178,23 @@ def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> li
         if any(item["rule"] == rule.name for item in out):
             continue  # one line per rule name (a rule given in parts)
         trigger = rule.imports[0] if rule.imports else None
-        imported = {trigger} if trigger else set()
+        imported = [name for name in (trigger, *rule.also_imports[:1]) if name]
         if result.trains or not rule.training:
             if trigger is None:
                 continue
-            after = result.after_import(trigger, env, (), late=True)
+            after = result.after_import(trigger, env, imported, late=True)
         else:
             after = result.after_training(env, imported, late=True)
         if after.decision.action != "apply" or after.decision.rule != rule.name:
             continue  # an earlier rule decides, or its checkout markers keep it out
-        flags = [*(["--import", trigger] if trigger else []), *(["--trains"] * rule.training)]
+        flags = [*(x for name in imported for x in ("--import", name))]
+        flags += ["--trains"] * rule.training
         out.append(
             {
                 "rule": rule.name,
                 "trains": rule.training,
                 "imports": list(rule.imports),
+                "also_imports": list(rule.also_imports),
                 "not_imports": list(rule.not_imports),
                 "not_imports_unless": list(rule.not_imports_unless),
                 "value": after.decision.value,
@@ -306,6 +308,8 @@ def _render_late(late: Sequence[Mapping[str, Any]]) -> list[str]:
     for item in late:
         need = "trains after importing" if item["trains"] else "imports"
         lines.append(f"  {item['rule']}: {need} one of {_names(item['imports'])}")
+        if item["also_imports"]:
+            lines.append(f"    with one of {_names(item['also_imports'])}")
         if item["not_imports"]:
             lines.append(f"    and none of {_names(item['not_imports'])}")
         if item["not_imports_unless"]:

@@ -2,7 +2,8 @@
 
 A rule holds when its argv condition (if any) holds and any of its lists matches: the
 script path, the ``-m`` module, the console command, or a trigger module that has been
-imported (and none of its ``not_imports``, unless one of its ``not_imports_unless`` is too).
+imported (with one of its ``also_imports``, and none of its ``not_imports`` unless one of its
+``not_imports_unless`` is there too).
 Pure: an entry point and a set of imported names in, a ``Match`` out; only
 ``inside_checkout`` (an import trigger's ``outside`` markers) looks at the file system.
 """
@@ -65,9 +66,11 @@ def _argv_note(rule: Rule, entry: EntryPoint) -> str:
 
 def import_trigger(rule: Rule, entry: EntryPoint, imported: Container[str]) -> str | None:
     """The first of the rule's trigger modules that is imported, when the argv condition holds
-    and the ``not_imports`` condition too."""
+    and the ``also_imports`` and ``not_imports`` conditions too."""
     for name in rule.imports:
         if name in imported and rule.compiled.arguments(entry.args):
+            if rule.also_imports and _first(rule.also_imports, imported) is None:
+                return None
             if _excluded_by(rule, imported):
                 return None
             return None if rule.outside and inside_checkout(entry, rule.outside) else name
@@ -87,6 +90,9 @@ def _first(names: Sequence[str], imported: Container[str]) -> str | None:
 
 def _trigger_reason(rule: Rule, trigger: str, imported: Container[str]) -> str:
     reason = f"module {trigger} is imported"
+    also = _first(rule.also_imports, imported)
+    if also is not None and also != trigger:
+        reason += f" with {also}"
     if not rule.not_imports:
         return reason
     against, despite = _first(rule.not_imports, imported), _first(rule.not_imports_unless, imported)
@@ -154,7 +160,12 @@ def watches_training(rules: Iterable[Rule]) -> bool:
 
 def pending_triggers(rules: Iterable[Rule], imported: Container[str]) -> set[str]:
     """Trigger modules not imported yet: the names to keep watching (a ``training`` rule's are
-    looked up when the optimizer is built, not watched)."""
+    looked up when the optimizer is built, not watched). ``also_imports`` are watched too: the
+    trigger may come first."""
     return {
-        name for rule in rules if not rule.training for name in rule.imports if name not in imported
+        name
+        for rule in rules
+        if not rule.training
+        for name in (*rule.imports, *rule.also_imports)
+        if name not in imported
     }

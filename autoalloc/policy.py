@@ -62,7 +62,8 @@ class Rule:
     enabled: bool = True  # false: off until a higher layer lists the name in `enable`
     outside: tuple[str, ...] = ()  # files marking toolkit checkouts where `imports` do not fire
     training: bool = False  # holds only once the process has built a torch optimizer
-    not_imports: tuple[str, ...] = ()  # an `imports` trigger holds only with none of these...
+    also_imports: tuple[str, ...] = ()  # an `imports` trigger holds only with one of these,
+    not_imports: tuple[str, ...] = ()  # ... and none of these...
     not_imports_unless: tuple[str, ...] = ()  # ... or with one of these too
 
 

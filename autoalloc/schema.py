@@ -73,11 +73,13 @@ RULE = Item(
         "commands": _STRINGS, "imports": _STRINGS, "argv": _STRINGS,
         "action": Field("choice", ACTIONS), "allocator": Field("allocator"), "enabled": _BOOL,
         "outside": Field("paths"), "training": _BOOL,
-        "not_imports": _STRINGS, "not_imports_unless": _STRINGS,
+        "also_imports": _STRINGS, "not_imports": _STRINGS, "not_imports_unless": _STRINGS,
     },
     needs=("scripts", "modules", "commands", "imports", "training"),
     name_required=False,
-    requires={"not_imports": "imports", "not_imports_unless": "not_imports"},
+    requires={
+        "also_imports": "imports", "not_imports": "imports", "not_imports_unless": "not_imports",
+    },
 )
 
 WRAPPER_LISTS = (

@@ -2,14 +2,17 @@
 """What the ``training`` condition costs on the CPU: the first optimizer built, and later ones.
 
 Each run is a fresh interpreter of the given Python (autoalloc installed with its hook) that
-imports soundfile and torch, builds an AdamW over a small model, then a second one, and prints
-both construction times (``time.perf_counter``). ``torch._dynamo``, which torch's first
-optimizer construction imports anyway (seconds), is imported before the clock starts, so the
-figures are autoalloc's share. Arms, interleaved run by run:
+imports soundfile, jiwer (an empty stand-in beside the script: the text-target library
+``speech-training`` needs with an audio stack) and torch, builds an AdamW over a small model,
+then a second one, and prints both construction times (``time.perf_counter``).
+``torch._dynamo``, which torch's first optimizer construction imports anyway (seconds), is
+imported before the clock starts, so the figures are autoalloc's share. Arms, interleaved run
+by run:
 
 - ``rule``: the built-in policy; the first construction fires ``speech-training`` (the decision
   and the runtime setter run inside it); the second runs torch's own ``__init__`` again.
-- ``no rule``: a policy that disables ``speech-training``: no wrapper is installed at all.
+- ``no rule``: a policy that disables the built-in ``training`` rules (``speech-training``,
+  ``asr-toolkit-imports``): no wrapper is installed at all.
 - ``disabled``: ``AUTOALLOC_DISABLE=1``: autoalloc does nothing.
 
 Usage::
@@ -34,7 +37,7 @@ from pathlib import Path
 SCRIPT = textwrap.dedent(
     """
     import json, os, time
-    import soundfile, torch
+    import soundfile, jiwer, torch
     import torch._dynamo  # what the first optimizer imports anyway: outside the measurement
     model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])
     t0 = time.perf_counter()
@@ -63,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         script = root / "finetune.py"
         script.write_text(SCRIPT)
+        (root / "jiwer").mkdir()
+        (root / "jiwer" / "__init__.py").write_text("")
         off = root / "off.toml"
-        off.write_text('disable = ["speech-training"]\n')
+        off.write_text('disable = ["speech-training", "asr-toolkit-imports"]\n')
         base = {k: v for k, v in os.environ.items() if not k.startswith(("AUTOALLOC_", "PYTORCH_"))}
         base.update(HOME=tmp, XDG_CONFIG_HOME=str(root / "x"), XDG_CONFIG_DIRS=str(root / "s"))
         arms = {

@@ -568,9 +568,12 @@ TRAINS = [
     (["-c", "..."], {"icefall", "icefall.utils"}, "asr-toolkit-imports", "apply"),
     (["-c", "..."], {"espnet2.train.trainer"}, "asr-toolkit-imports", "apply"),
     (["my_export.py"], {"json"}, None, "none"),  # no audio stack, no toolkit
-    (["finetune.py"], {*STACK}, "speech-training", "apply"),  # no evidence either way
-    (["finetune.py"], {"soundfile", "jiwer"}, "speech-training", "apply"),  # text targets
+    (["finetune.py"], {*STACK}, None, "none"),  # nothing that handles text targets
+    (["finetune.py"], {*STACK, "transformers"}, "speech-training", "apply"),  # a text model
+    (["finetune.py"], {"soundfile", "jiwer"}, "speech-training", "apply"),  # WER scoring
+    (["finetune.py"], {"jiwer"}, None, "none"),  # no audio stack: OCR, text
     (["train_tts.py"], {*STACK, "phonemizer"}, None, "none"),  # TTS front-end: audio-training
+    (["train_tts.py"], {*STACK, "transformers", "phonemizer"}, None, "none"),
     (["train_vocoder.py"], {"librosa", "auraloss"}, None, "none"),
     (["train_sep.py"], {*STACK, "asteroid", "pesq"}, None, "none"),
     (["train_spk.py"], {*STACK, "pyannote", "pyannote.audio"}, None, "none"),
@@ -580,6 +583,14 @@ TRAINS = [
     (["train.py"], {*STACK, "pypinyin", "k2"}, "speech-training", "apply"),
     (["train.py"], {"transformers.models.whisper", "encodec"}, "speech-training", "apply"),
     (["train.py"], {"librosa", "vllm"}, "llm-serving", "skip"),
+    # NeMo's ASR collection holds speaker and VAD models too: the same exclusion
+    (["train_spk.py"], {"nemo.collections.asr", "pyannote"}, None, "none"),
+    (
+        ["train.py"],
+        {"nemo.collections.asr", "pyannote", "sentencepiece"},
+        "asr-toolkit-imports",
+        "apply",
+    ),
 ]
 
 
@@ -607,7 +618,8 @@ def test_other_audio_trainers_once_enabled_under_either_name(world: Path, name: 
     for imported in ({*STACK, "phonemizer"}, {"phonemizer"}, {"librosa", "auraloss"}):
         assert rule_for(argv, world, imported, trains=True) == ("apply", "audio-training")
     # speech-to-text trainers keep their rule; nothing applies before the optimizer
-    assert rule_for(argv, world, STACK, trains=True) == ("apply", "speech-training")
+    assert rule_for(argv, world, {*STACK, "jiwer"}, trains=True) == ("apply", "speech-training")
+    assert rule_for(argv, world, STACK, trains=True) == ("apply", "audio-training")
     assert rule_for(argv, world, {*STACK, "phonemizer"}) == ("none", None)
     # and the toolkits' trainers by their command lines, at import torch
     assert rule_for(["-m", "espnet2.bin.gan_tts_train"], world) == ("apply", "audio-training")
@@ -621,6 +633,13 @@ def test_not_imports_of_speech_training_and_audio_training_agree() -> None:
     assert len(audio) == 1 and audio[0].outside == speech.outside
     assert set(audio[0].imports) == {*speech.imports, *speech.not_imports}
     assert not set(speech.not_imports) & set(speech.not_imports_unless)
+    # a speech-to-text library handles text targets; the toolkit trigger excludes the same
+    assert set(speech.not_imports_unless) <= set(speech.also_imports)
+    toolkit = next(r for r in BUILTIN.rules if r.name == "asr-toolkit-imports")
+    assert (toolkit.not_imports, toolkit.not_imports_unless) == (
+        speech.not_imports,
+        speech.not_imports_unless,
+    )
 
 
 # Rules that are off until a layer lists them in `enable`: (argv, the rule once enabled)
@@ -865,6 +884,10 @@ def test_explain_shows_off_and_enabled_rules(world: Path) -> None:
     ("text", "message"),
     [
         ('enable = "tts-train"\n', "enable must be a list of strings"),
+        (
+            '[[rules]]\nname = "x"\ntraining = true\nalso_imports = ["jiwer"]\n',
+            'rule 1 ("x"): also_imports needs imports',
+        ),
         (
             '[[rules]]\nname = "x"\ntraining = true\nnot_imports = ["phonemizer"]\n',
             'rule 1 ("x"): not_imports needs imports',

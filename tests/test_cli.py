@@ -108,7 +108,8 @@ def test_explain_says_first_what_a_program_decided_late_will_get(sandbox: Sandbo
         for x in lines
     )
     assert (
-        "check:        autoalloc explain --import torchaudio --trains -- python finetune_whisper.py"
+        "check:        autoalloc explain --import torchaudio --import transformers --trains -- "
+        "python finetune_whisper.py"
         in lines
     )
     check = autoalloc(
@@ -116,6 +117,8 @@ def test_explain_says_first_what_a_program_decided_late_will_get(sandbox: Sandbo
         "explain",
         "--import",
         "torchaudio",
+        "--import",
+        "transformers",
         "--trains",
         "--",
         "python",

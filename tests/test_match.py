@@ -150,3 +150,13 @@ def test_not_imports_and_not_imports_unless() -> None:
     )
     assert decided("wer") == (None, "")  # the companions are no triggers of their own
     assert pending_triggers(found, {"audio"}) == {"tts"}
+
+
+def test_also_imports() -> None:
+    found = rules({"name": "asr", "imports": ["audio"], "also_imports": ["text", "wer"]})
+    entry = script("/w/train.py")
+    assert first_match(found, entry, {"audio"}).rule is None
+    assert first_match(found, entry, {"text"}).rule is None
+    match = first_match(found, entry, {"audio", "wer"})
+    assert match.rule.name == "asr" and match.reason == "module audio is imported with wer"
+    assert pending_triggers(found, {"audio"}) == {"text", "wer"}  # the trigger may come first

@@ -148,9 +148,9 @@ def test_deny_rules_still_win() -> None:
     entry = EntryPoint("script", "/w/finetune.py", (), "/w/finetune.py", "/w/finetune.py")
     decision = decide(POLICY, entry, {}, TORCH, {"torchaudio", "vllm"}, trains=True)
     assert (decision.action, decision.rule) == ("skip", "llm-serving")
-    decision = decide(POLICY, entry, {}, TORCH, {"torchaudio"}, trains=True)
+    decision = decide(POLICY, entry, {}, TORCH, {"torchaudio", "transformers"}, trains=True)
     assert (decision.action, decision.rule) == ("apply", "speech-training")
-    assert decide(POLICY, entry, {}, TORCH, {"torchaudio"}).action == "none"
+    assert decide(POLICY, entry, {}, TORCH, {"torchaudio", "transformers"}).action == "none"
 
 
 def test_not_inside_a_checkout_with_rules_of_its_own(tmp_path: Path) -> None:
@@ -162,7 +162,7 @@ def test_not_inside_a_checkout_with_rules_of_its_own(tmp_path: Path) -> None:
     outside = str(tmp_path / "elsewhere" / "fastpitch.py")
     for path, action in ((inside, "none"), (outside, "apply")):
         entry = EntryPoint("script", path, (), path, path)
-        assert decide(POLICY, entry, {}, TORCH, {"torchaudio"}, trains=True).action == action
+        assert decide(POLICY, entry, {}, TORCH, {"torchaudio", "transformers"}, trains=True).action == action
 
 
 def test_adaptive_key_and_its_source() -> None:
@@ -176,8 +176,11 @@ def test_adaptive_key_and_its_source() -> None:
 
 # ------------------------------------------------------------------ end to end, real torch
 
-SPEECH_FINETUNE = textwrap.dedent("""
-    import soundfile  # the speech data stack (installed with lhotse in the test venv)
+# An audio stack (soundfile, installed with lhotse in the test venv) and a text-target library
+# (jiwer, the WER scorer: an empty stand-in beside the script, see speech_script)
+STACK_LINE = "import soundfile, jiwer"
+SPEECH_FINETUNE = textwrap.dedent(f"""
+    {STACK_LINE}
     import torch
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -185,17 +188,23 @@ SPEECH_FINETUNE = textwrap.dedent("""
 """)
 
 
+def speech_script(sandbox: Sandbox, name: str, body: str) -> Path:
+    """``body`` as script ``name``, with an empty ``jiwer`` package beside it (not in the venv)."""
+    sandbox.write("jiwer/__init__.py", "")
+    return sandbox.script(name, body)
+
+
 def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sandbox) -> None:
-    sandbox.script("finetune.py", SPEECH_FINETUNE)
+    speech_script(sandbox, "finetune.py", SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DEBUG": "1"})
     assert_applied(result, "speech-training")
-    assert "module soundfile is imported (none of its not_imports is) and it builds an optimizer" in result.stderr
+    assert "module soundfile is imported with jiwer (none of its not_imports is) and it builds an optimizer" in result.stderr
     assert "via the runtime setter" in result.stderr
 
 
 def test_a_training_rule_of_ones_own_on_each_build(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.user_policy('[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n')
-    sandbox.script("finetune.py", SPEECH_FINETUNE.replace("import soundfile", "import json"))
+    sandbox.script("finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import json"))
     result = sandbox.run(["finetune.py"], python=torch_python,
                          env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"})
     # the full merged string went to the setter: what the CUDA allocator parsed says so too
@@ -204,14 +213,20 @@ def test_a_training_rule_of_ones_own_on_each_build(sandbox: Sandbox, torch_pytho
 
 def test_nothing_before_the_optimizer_is_built(sandbox: Sandbox) -> None:
     body = "import os, soundfile, torch\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
-    sandbox.script("finetune.py", body + SPEECH_FINETUNE)
+    speech_script(sandbox, "finetune.py", body + SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"])
     assert "BEFORE None" in result.stdout
     assert_applied(result, "speech-training")
 
 
 def test_without_the_speech_stack_untouched(sandbox: Sandbox) -> None:
-    sandbox.script("finetune.py", SPEECH_FINETUNE.replace("import soundfile", "import json"))
+    speech_script(sandbox, "finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import json, jiwer"))
+    assert_untouched(sandbox.run(["finetune.py"]))
+
+
+def test_an_audio_stack_without_text_targets_untouched(sandbox: Sandbox) -> None:
+    # a vocoder or enhancement trainer: audio in, audio out, nothing that handles text
+    sandbox.script("finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import soundfile"))
     assert_untouched(sandbox.run(["finetune.py"]))
 
 
@@ -223,14 +238,14 @@ def test_inference_with_the_stack_but_no_optimizer_untouched(sandbox: Sandbox) -
 
 def test_deny_rule_wins_over_training(sandbox: Sandbox) -> None:
     sandbox.user_policy('[[rules]]\nname = "no-x"\naction = "skip"\nimports = ["json"]\n')
-    sandbox.script("finetune.py", "import json\n" + SPEECH_FINETUNE)
+    speech_script(sandbox, "finetune.py", "import json\n" + SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"])
     assert_untouched(result)
     assert result.stderr == ""
 
 
 def test_autoalloc_disable_turns_training_off(sandbox: Sandbox) -> None:
-    sandbox.script("finetune.py", SPEECH_FINETUNE)
+    speech_script(sandbox, "finetune.py", SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DISABLE": "1"})
     assert_untouched(result)
     assert result.stderr == ""
@@ -257,7 +272,8 @@ def test_a_speech_to_text_trainer_with_text_targets(sandbox: Sandbox) -> None:
 
 def test_a_tts_trainer_is_off_until_audio_training_is_enabled(sandbox: Sandbox) -> None:
     env = _site(sandbox, "phonemizer", "auraloss")
-    sandbox.script("train_tts.py", "import phonemizer, auraloss\n" + SPEECH_FINETUNE)
+    body = "import phonemizer, auraloss, soundfile\n" + SPEECH_FINETUNE.replace(STACK_LINE, "")
+    sandbox.script("train_tts.py", body)
     assert_untouched(sandbox.run(["train_tts.py"], env=env))
     sandbox.user_policy('enable = ["audio-training"]\n')
     assert_applied(sandbox.run(["train_tts.py"], env=env), "audio-training")
@@ -268,7 +284,7 @@ def test_an_asr_toolkit_import_without_an_optimizer_is_left_alone(sandbox: Sandb
     export = "import nemo.collections.asr, torch\ntorch.nn.Linear(4, 2)(torch.randn(1, 4))\n"
     sandbox.script("export_nemo.py", export)
     assert_untouched(sandbox.run(["export_nemo.py"], env=env))
-    sandbox.script("train_nemo.py", SPEECH_FINETUNE.replace("soundfile", "nemo.collections.asr"))
+    sandbox.script("train_nemo.py", SPEECH_FINETUNE.replace(STACK_LINE, "import nemo.collections.asr"))
     assert_applied(sandbox.run(["train_nemo.py"], env=env), "asr-toolkit-imports")
 
 
@@ -293,7 +309,7 @@ def test_the_optimizer_hook_goes_after_the_first_optimizer(sandbox: Sandbox) -> 
 
 WORKERS = """
     import os, sys
-    import soundfile, torch
+    import soundfile, jiwer, torch
     from torch.utils.data import DataLoader, Dataset
 
     class Data(Dataset):
@@ -313,7 +329,7 @@ WORKERS = """
 
 
 def test_dataloader_workers_build_nothing_and_say_nothing(sandbox: Sandbox) -> None:
-    sandbox.script("finetune.py", WORKERS)
+    speech_script(sandbox, "finetune.py", WORKERS)
     result = sandbox.run(["finetune.py"], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.7"})
     assert_applied(result, "speech-training", expected=f"garbage_collection_threshold:0.7,{ES}")
     # spawned workers inherit what the trainer applied, decide nothing new, build no optimizer
@@ -329,7 +345,7 @@ def test_torchrun_every_rank_applies_and_one_message_per_job(sandbox: Sandbox) -
         "allocator = { garbage_collection_threshold = 0.8 }\n"
     )
     body = SPEECH_FINETUNE + "import os\nprint('RANK', os.environ['RANK'])\n"
-    sandbox.script("finetune.py", body)
+    speech_script(sandbox, "finetune.py", body)
     torchrun = str(Path(sys.executable).with_name("torchrun"))
     env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6", "OMP_NUM_THREADS": "1"}
     result = sandbox.run([torchrun, "--standalone", "--nproc_per_node", "2", "finetune.py"], env=env, python="")
@@ -354,13 +370,14 @@ def test_explain_trains(sandbox: Sandbox) -> None:
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
-    plain = explain("--import", "soundfile")
+    plain = explain("--import", "soundfile", "--import", "jiwer")
     assert plain["decision"]["action"] == "none"
     assert plain["training_rules"] == ["asr-toolkit-imports", "speech-training"]
     assert [item["rule"] for item in plain["late"]] == ["asr-toolkit-imports", "speech-training"]
-    trained = explain("--import", "soundfile", "--trains")
+    trained = explain("--import", "soundfile", "--import", "jiwer", "--trains")
     assert (trained["decision"]["action"], trained["decision"]["rule"]) == ("apply", "speech-training")
     assert trained["decision"]["setter_value"] == ES and trained["trains"] is True
     assert explain("--trains")["decision"]["action"] == "none"
+    assert explain("--import", "soundfile", "--trains")["decision"]["action"] == "none"  # no text
     assert explain("--import", "soundfile", "--import", "vllm", "--trains")["decision"]["action"] == "skip"
     assert trained["adaptive"] == {"value": "off", "from": "default"}
