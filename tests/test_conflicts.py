@@ -410,6 +410,7 @@ print("ASYNC " + json.dumps(report))
 """
 
 
+@pytest.mark.slow  # in process above; on the CUDA build with --full
 def test_e2e_cuda_malloc_async(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.write("proj/autoalloc.toml", RULE)
     sandbox.write(TRAIN_SCRIPT, ASYNC_PROBE)
@@ -422,6 +423,7 @@ def test_e2e_cuda_malloc_async(sandbox: Sandbox, torch_python: str) -> None:
     _one_warning(result, "PYTORCH_CUDA_ALLOC_CONF selects backend:cudaMallocAsync, where expandable_segments has no effect")
 
 
+@pytest.mark.slow  # test_e2e_core::test_existing_options_are_merged runs it
 def test_e2e_max_split_size(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.write("proj/autoalloc.toml", RULE)
     sandbox.script(TRAIN_SCRIPT)

@@ -152,6 +152,7 @@ def test_doctor_hook_not_live_with_dash_S(sandbox: Sandbox) -> None:
     assert report["summary"] == "autoalloc's hook is not live in this interpreter"
 
 
+@pytest.mark.slow  # doctor says why the hook is not live: test_doctor_hook_not_live_with_dash_S
 def test_doctor_switched_off(sandbox: Sandbox) -> None:
     result = doctor(sandbox, PY, {"AUTOALLOC_DISABLE": "1"})
     assert result.returncode == 0, result.stderr

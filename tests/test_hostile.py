@@ -87,13 +87,13 @@ def test_deleted_working_directory(sandbox: Sandbox) -> None:
         pytest.param("", id="empty", marks=pytest.mark.slow),
     ],
 )
-def test_home_unset_or_bogus(sandbox: Sandbox, home: str | None) -> None:
+def test_home_unset_or_bogus(sandbox: Sandbox, home: str | None, full: bool) -> None:
     nemo, plain = scripts(sandbox)
     env = {"HOME": home, "XDG_CONFIG_HOME": None, "XDG_CONFIG_DIRS": None}
     result = sandbox.run([str(nemo)], env=env)
     assert_applied(result, "nemo-asr-train")
     assert result.stderr == ""
-    if home is None:
+    if home is None and full:  # and a process no rule matches stays untouched
         result = sandbox.run([str(plain)], env=env)
         assert_untouched(result)
         assert result.stderr == ""
@@ -220,7 +220,9 @@ def test_read_only_file_system_without_pycache(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     ("flag", "hooked"),
-    [("-I", False), ("-E", True), ("-S", False), ("-s", True)],
+    # -I end to end in the quick run: test_e2e_core::test_isolated_mode_is_respected
+    [pytest.param("-I", False, marks=pytest.mark.slow), ("-E", True), ("-S", False),
+     pytest.param("-s", True, marks=pytest.mark.slow)],  # like -E: the hook works
 )
 def test_interpreter_flags(sandbox: Sandbox, flag: str, hooked: bool) -> None:
     """``-I``: the hook returns at once; ``-S``: site (and so the hook) never runs; ``-E``, ``-s``: it works."""
@@ -238,7 +240,8 @@ def test_interpreter_flags(sandbox: Sandbox, flag: str, hooked: bool) -> None:
 
 
 def test_warnings_as_errors_and_ignored(sandbox: Sandbox) -> None:
-    """A bad policy file under ``-W error`` warns nothing fatal; under ``-W ignore`` it is silent."""
+    """A bad policy file under ``-W error`` warns nothing fatal; under ``-W ignore:autoalloc``
+    it is silent (each filter the docs show is checked against the warning in test_docs)."""
     nemo, _ = scripts(sandbox)
     sandbox.user_policy("enabled = maybe\n")
     result = sandbox.run(["-W", "error", str(nemo)])
@@ -246,8 +249,14 @@ def test_warnings_as_errors_and_ignored(sandbox: Sandbox) -> None:
     result = sandbox.run(["-W", "ignore:autoalloc", str(nemo)])  # by message: works from the start
     assert_applied(result, "nemo-asr-train")
     assert result.stderr == ""
-    # By category: Python drops the option at startup (it cannot import autoalloc before site
-    # runs, and says so), autoalloc applies it when it warns.
+
+
+@pytest.mark.slow  # more filters: the docs' own forms are checked in test_docs
+def test_other_warning_filters(sandbox: Sandbox) -> None:
+    """By category (not what the docs show): Python drops the option at startup (it cannot
+    import autoalloc before site runs, and says so), autoalloc applies it when it warns."""
+    nemo, _ = scripts(sandbox)
+    sandbox.user_policy("enabled = maybe\n")
     result = sandbox.run(["-W", "ignore::autoalloc.AutoallocWarning", str(nemo)])
     assert_applied(result, "nemo-asr-train")
     assert autoalloc_warnings(result.stderr) == []
@@ -271,12 +280,12 @@ def test_closed_standard_streams(sandbox: Sandbox) -> None:
 
 
 # Each odd value is classified in process (test_command_line_survives_odd_sys_values below);
-# through an interpreter, a missing and a None argv in the quick run, all with --full.
+# through an interpreter, a missing argv in the quick run, all with --full.
 @pytest.mark.parametrize(
     "mangle",
     [
         "del sys.argv",
-        "sys.argv = None",
+        pytest.param("sys.argv = None", marks=pytest.mark.slow),
         pytest.param("sys.argv = [None, 3, b'x']", marks=pytest.mark.slow),
         pytest.param("sys.argv = 'train.py'", marks=pytest.mark.slow),
         pytest.param("sys.argv = []", marks=pytest.mark.slow),

@@ -57,9 +57,19 @@ def as_function(name: str, body: str) -> str:
     return f"def {name}():\n" + textwrap.indent(body.strip("\n") + "\n", "    ")
 
 
+def quick_first(cases: list, ids: list[str]) -> list:
+    """The first case runs in the quick run, the others (the same claim again) in the full run."""
+    return [
+        pytest.param(*(case if isinstance(case, tuple) else (case,)), id=name,
+                     marks=() if i == 0 else pytest.mark.slow)
+        for i, (case, name) in enumerate(zip(cases, ids))
+    ]
+
+
 # ---------------------------------------------------------------- python script.py
 
 
+@pytest.mark.slow  # test_e2e_core runs this trainer by its relative path in the quick run
 def test_nemo_relative_path(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.script(NEMO)
     result = sandbox.run([NEMO, "--config-path=../conf", "--config-name=fastconformer_ctc_bpe", "trainer.devices=1"],
@@ -68,6 +78,7 @@ def test_nemo_relative_path(sandbox: Sandbox, torch_python: str) -> None:
     assert result.stderr == ""
 
 
+@pytest.mark.slow  # the path forms are decided in process (test_entrypoint)
 def test_nemo_absolute_path_unbuffered(sandbox: Sandbox) -> None:
     script = sandbox.script("opt/NeMo/examples/asr/asr_hybrid_transducer_ctc/speech_to_text_hybrid_rnnt_ctc_bpe.py")
     assert_applied(sandbox.run(["-u", str(script), "model.train_ds.use_lhotse=true"], cwd=sandbox.home), "nemo-asr-train")
@@ -101,7 +112,7 @@ def test_icefall_symlinked_recipe_and_checkout(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     ("script", "cwd", "argv", "rule"),
-    [
+    quick_first([
         ("speechbrain/recipes/LibriSpeech/ASR/transformer/train.py", "speechbrain/recipes/LibriSpeech/ASR/transformer",
          ["train.py", "hparams/conformer_small.yaml", "--data_folder", "/data/LibriSpeech"], "speechbrain-asr-train"),
         ("wenet/wenet/bin/train.py", "wenet", ["wenet/bin/train.py", "--config", "conf/train_conformer.yaml",
@@ -112,14 +123,14 @@ def test_icefall_symlinked_recipe_and_checkout(sandbox: Sandbox) -> None:
         ("audio/examples/asr/librispeech_conformer_rnnt/train.py", "audio/examples/asr/librispeech_conformer_rnnt",
          ["train.py", "--exp-dir", "./exp", "--librispeech-path", "/data"], "torchaudio-asr-recipes"),
         ("Speech/examples/speechlm2/salm_train.py", "Speech", ["examples/speechlm2/salm_train.py"], "nemo-speechlm2-train"),
-    ],
-    ids=["speechbrain", "wenet", "hf-ctc", "torchaudio", "speechlm2"],
+    ], ["speechbrain", "wenet", "hf-ctc", "torchaudio", "speechlm2"]),
 )
 def test_toolkit_scripts(sandbox: Sandbox, script: str, cwd: str, argv: list[str], rule: str) -> None:
     sandbox.script(script)
     assert_applied(sandbox.run(argv, cwd=sandbox.work / cwd), rule)
 
 
+@pytest.mark.slow  # test_e2e_core and test_silence keep a non-matching run
 def test_an_ordinary_train_py_is_untouched(sandbox: Sandbox) -> None:
     sandbox.script("myproject/train.py")
     result = sandbox.run(["myproject/train.py"])
@@ -139,7 +150,8 @@ ESPNET = {
 
 @pytest.mark.parametrize(
     ("module", "expect"),
-    [("espnet2.bin.asr_train", "espnet2-asr-train"), ("espnet2.bin.asr_inference", None)],
+    [("espnet2.bin.asr_train", "espnet2-asr-train"),
+     pytest.param("espnet2.bin.asr_inference", None, marks=pytest.mark.slow)],  # inference: above
 )
 def test_espnet_modules_from_the_recipe_dir(sandbox: Sandbox, module: str, expect: str | None) -> None:
     # ESPnet recipes run `python3 -m espnet2.bin.asr_train ...` from egs2/<corpus>/asr1 with espnet on the path
@@ -174,8 +186,8 @@ FAIRSEQ = {
     [
         (["task.data=/data/librispeech/manifest", "--config-dir", "/src/fairseq/examples/wav2vec/config/pretraining",
           "--config-name", "wav2vec2_base_librispeech"], True),
-        (["task.data=/data/wmt16", "--config-dir", "/src/fairseq/examples/roberta/config/pretraining",
-          "--config-name", "base"], False),
+        pytest.param(["task.data=/data/wmt16", "--config-dir", "/src/fairseq/examples/roberta/config/pretraining",
+                      "--config-name", "base"], False, marks=pytest.mark.slow),  # argv: in process
     ],
     ids=["wav2vec", "roberta"],
 )
@@ -191,6 +203,7 @@ def test_fairseq_console_script(sandbox: Sandbox, args: list[str], applied: bool
         assert "command fairseq-hydra-train: none (no rule matches)" in result.stderr
 
 
+@pytest.mark.slow  # test_vllm_module_is_untouched keeps one
 def test_vllm_console_script_is_untouched(sandbox: Sandbox) -> None:
     site = stand_in(sandbox, {"vllm/__init__.py": "", "vllm/scripts.py": as_function("main", PROBE)})
     wrapper = console_script(sandbox, "vllm", "vllm.scripts", "main")
@@ -326,6 +339,7 @@ NEMO_STAND_IN = {
 NOTEBOOK_RULE = '[[rules]]\nname = "nemo-notebook"\nimports = ["nemo.collections.asr"]\n'
 
 
+@pytest.mark.slow  # test_e2e_core's import triggers and the REPL below
 def test_notebook_imports_trigger_after_torch_uses_the_setter(sandbox: Sandbox) -> None:
     site = stand_in(sandbox, NEMO_STAND_IN)
     sandbox.user_policy(NOTEBOOK_RULE)
@@ -339,6 +353,7 @@ def test_notebook_imports_trigger_after_torch_uses_the_setter(sandbox: Sandbox) 
     assert "via the runtime setter" in result.stderr  # ... the trigger applied it late
 
 
+@pytest.mark.slow  # test_e2e_core::test_import_trigger_before_torch
 def test_notebook_imports_trigger_before_torch_uses_the_env(sandbox: Sandbox) -> None:
     site = stand_in(sandbox, NEMO_STAND_IN)
     sandbox.user_policy(NOTEBOOK_RULE)
@@ -363,13 +378,12 @@ def test_repl_fed_from_stdin(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     "script",
-    [
+    quick_first([
         "NeMo/examples/asr/transcribe_speech.py",
         "NeMo/examples/asr/speech_to_text_eval.py",
         "NeMo/examples/asr/asr_chunked_inference/rnnt/speech_to_text_buffered_infer_rnnt.py",
         "Speech/examples/speechlm2/salm_generate.py",
-    ],
-    ids=["transcribe", "eval", "chunked-infer", "salm-generate"],
+    ], ["transcribe", "eval", "chunked-infer", "salm-generate"]),
 )
 def test_inference_scripts_are_untouched(sandbox: Sandbox, script: str) -> None:
     site = stand_in(sandbox, NEMO_STAND_IN)
@@ -416,6 +430,7 @@ print("DOCTOR " + json.dumps({"status": mine, "doctor": json.loads(child.stdout)
 """
 
 
+@pytest.mark.slow  # test_doctor and test_one_decision keep doctor in a job
 def test_lhotse_doctor_names_the_rule(sandbox: Sandbox) -> None:
     sandbox.user_policy('[[rules]]\nname = "lhotse-users"\nimports = ["lhotse"]\n')
     result = sandbox.run(["-c", DOCTOR, str(Path(PY).with_name("autoalloc"))])
@@ -432,6 +447,7 @@ def test_lhotse_doctor_names_the_rule(sandbox: Sandbox) -> None:
     assert (inherited["rule"], inherited["value"], inherited["intact"]) == ("lhotse-users", ES, True)
 
 
+@pytest.mark.slow  # no optimizer, left alone: test_training's export run
 def test_lhotse_alone_is_not_a_trigger(sandbox: Sandbox) -> None:
     result = sandbox.run(["-c", "import lhotse\n" + PROBE])
     assert_untouched(result)
@@ -497,7 +513,7 @@ runpy.run_path(sys.argv[1], run_name="__main__")
     ids=["cProfile", "cProfile-sort", "profile", "pdb", "trace", "runpy.run_path"],
 )
 def test_wrapped_nemo_trainer_gets_what_the_real_run_gets(
-    sandbox: Sandbox, wrapper: list[str]
+    sandbox: Sandbox, wrapper: list[str], full: bool
 ) -> None:
     # people profile exactly the step-time problem this fixes: the profiled run gets the option too
     # under trace every line of torch's import would be traced (minutes): the script stops tracing
@@ -509,6 +525,8 @@ def test_wrapped_nemo_trainer_gets_what_the_real_run_gets(
     )
     assert_applied(result, "nemo-asr-train")
     assert "runs another program: deciding for" in result.stderr
+    if not full:  # what the real run gets (the same rule): test_e2e_core::test_builtin_rule_by_script_path
+        return
     real = sandbox.run([NEMO, "trainer.devices=1"])
     assert probe_result(real.stdout)["applied"] == probe_result(result.stdout)["applied"]
 
@@ -522,12 +540,11 @@ ESPNET_TRAIN = {
 
 @pytest.mark.parametrize(
     "wrapper",
-    [
+    quick_first([
         ["-m", "cProfile", "-m"],
         ["-m", "pdb", "-c", "continue", "-m"],
         ["-m", "trace", "--trackcalls", "--module"],
-    ],
-    ids=["cProfile", "pdb", "trace"],
+    ], ["cProfile", "pdb", "trace"]),
 )
 def test_wrapped_module_trainer(sandbox: Sandbox, wrapper: list[str]) -> None:
     site = stand_in(
@@ -588,12 +605,11 @@ def test_user_wrapper_from_the_policy(sandbox: Sandbox) -> None:
 
 @pytest.mark.parametrize(
     ("command", "module"),
-    [
+    quick_first([
         (["{bin}/coverage", "run", "--branch"], False),
         (["-m", "coverage", "run", "-p"], False),
         (["{bin}/coverage", "run", "--source", "espnet2", "-m"], True),
-    ],
-    ids=["coverage-run", "python-m-coverage-run", "coverage-run-m"],
+    ], ["coverage-run", "python-m-coverage-run", "coverage-run-m"]),
 )
 def test_coverage_run(sandbox: Sandbox, command: list[str], module: bool) -> None:
     pytest.importorskip("coverage")
@@ -748,7 +764,9 @@ def test_srun_ranks_decide_alike_and_only_rank_0_warns(sandbox: Sandbox) -> None
     assert [len(autoalloc_warnings(r.stderr)) for r in results] == [1, 0, 0]
 
 
-@pytest.mark.parametrize("variable", ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+@pytest.mark.parametrize(
+    "variable", quick_first(["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"], ["RANK", "OMPI", "PMI"])
+)
 def test_other_global_ranks_stay_silent(sandbox: Sandbox, variable: str) -> None:
     sandbox.script(NEMO)
     result = sandbox.run(

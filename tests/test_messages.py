@@ -205,8 +205,9 @@ def test_a_file_that_is_not_toml_is_one_sentence(world: Path) -> None:
     ("args", "env", "shown"),
     [
         (["-W", "ignore::UserWarning"], {}, True),
-        ([], {"PYTHONWARNINGS": "ignore::UserWarning"}, True),
-        (["-W", "ignore:autoalloc"], {}, False),  # silenced only when autoalloc is named
+        # the same filter from the environment, and autoalloc named (also in test_hostile): --full
+        pytest.param([], {"PYTHONWARNINGS": "ignore::UserWarning"}, True, marks=pytest.mark.slow),
+        pytest.param(["-W", "ignore:autoalloc"], {}, False, marks=pytest.mark.slow),
     ],
 )
 def test_policy_warning_survives_userwarning_filter(

@@ -72,7 +72,13 @@ CASES = {
 COMPARED = ("action", "rule", "rule_source", "read_var", "value", "writes", "unsets", "warnings")
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# Each case is one more decision kind on which they agree: five in the quick run, all with --full.
+QUICK = ("matching", "non-matching", "skip-rule", "env-conflict", "import-trigger")
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=() if n in QUICK else pytest.mark.slow) for n in CASES]
+)
 def test_hook_explain_and_doctor_agree(sandbox: Sandbox, name: str) -> None:
     case = CASES[name]
     for path, text in case.files.items():
@@ -187,6 +193,7 @@ def test_cwd_below_chmod_000_end_to_end(sandbox: Sandbox) -> None:
     assert result.returncode == 0 and autoalloc_warnings(result.stderr) == [], result.stderr
 
 
+@pytest.mark.slow  # once per job: test_e2e_core::test_a_bad_policy_file_warns_once_per_job
 def test_missing_autoalloc_config_warns_once_per_job(sandbox: Sandbox) -> None:
     missing = str(sandbox.root / "nope.toml")
     child = sandbox.script("child.py")

@@ -81,6 +81,7 @@ def test_the_spec_pickles_before_and_after_import(sandbox: Sandbox) -> None:
     assert_applied(result, "nemo-asr-train")
 
 
+@pytest.mark.slow  # a failed import fires nothing: test_failed_vllm_probe_does_not_stop_a_later_trigger
 def test_failed_optional_import_fires_nothing(sandbox: Sandbox) -> None:
     """``try: import icefall`` with icefall absent: an `imports` trigger stays quiet."""
     sandbox.user_policy(TRIGGERS)
@@ -88,11 +89,13 @@ def test_failed_optional_import_fires_nothing(sandbox: Sandbox) -> None:
     assert_untouched(sandbox.run(["-c", body + PROBE]))
 
 
-def test_find_spec_of_a_trigger_fires_nothing(sandbox: Sandbox) -> None:
+def test_find_spec_of_a_trigger_fires_nothing(sandbox: Sandbox, full: bool) -> None:
     sandbox.user_policy(TRIGGERS)
     env = with_site(sandbox, {"site/icefall/__init__.py": ""})
     body = "import importlib.util, torch\nassert importlib.util.find_spec('icefall')\n"
     assert_untouched(sandbox.run(["-c", body + PROBE], env=env))
+    if not full:  # a real import of a trigger fires: test_failed_vllm_probe_does_not_stop_a_later_trigger
+        return
     # ... while a real import of the same package does fire
     fired = sandbox.run(["-c", "import torch, icefall\n" + PROBE], env=env)
     assert_applied(fired, "toolkit-imports")
@@ -113,6 +116,7 @@ def test_autoalloc_own_imports_are_not_the_programs(sandbox: Sandbox) -> None:
     assert_applied(sandbox.run(["-c", "import platformdirs, torch\n" + PROBE]), "pd")
 
 
+@pytest.mark.slow  # decided in process: test_pipeline::test_imports_torch_means_every_torch_process
 def test_imports_torch_matches_every_torch_process(sandbox: Sandbox) -> None:
     sandbox.write("autoalloc.toml", '[[rules]]\nname = "all-torch"\nimports = ["torch"]\n')
     assert_applied(sandbox.run(["-c", "import torch\n" + PROBE]), "all-torch")
@@ -155,8 +159,7 @@ def test_surrogate_escaped_script_path_matches_like_utf8(sandbox: Sandbox) -> No
     name = "train\u00e9\U0001f3a4.py"
     sandbox.write("autoalloc.toml", '[[rules]]\nname = "accented"\nscripts = ["train\u00e9*.py"]\n')
     sandbox.script(name)
-    utf8 = sandbox.run([name])
-    assert_applied(utf8, "accented")
+    # the path as UTF-8 is matched in process (test_pipeline); here the C locale's surrogates
     c_locale = sandbox.run(["-X", "utf8=0", name], env={"LC_ALL": "C", "LANG": "C"})
     assert_applied(c_locale, "accented")
     assert autoalloc_warnings(c_locale.stderr) == []

@@ -185,7 +185,7 @@ def test_kwargs_and_deprecated_path(sandbox: Sandbox) -> None:
     ]
 
 
-@pytest.mark.parametrize("mode", ["warn", "merge"])
+@pytest.mark.parametrize("mode", ["warn", pytest.param("merge", marks=pytest.mark.slow)])
 def test_rejected_string_passes_through(sandbox: Sandbox, mode: str) -> None:
     trainer, _ = _setup(sandbox)
     if mode == "merge":
@@ -198,7 +198,7 @@ def test_rejected_string_passes_through(sandbox: Sandbox, mode: str) -> None:
     assert _setter_warnings(warned) == []
 
 
-@pytest.mark.parametrize("mode", ["warn", "merge"])
+@pytest.mark.parametrize("mode", ["warn", pytest.param("merge", marks=pytest.mark.slow)])
 def test_silent_where_autoalloc_applied_nothing(sandbox: Sandbox, mode: str) -> None:
     trainer, _ = _setup(sandbox, "proj/plain.py")
     if mode == "merge":
@@ -227,8 +227,17 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-@pytest.mark.parametrize("main_first", [True, False], ids=["main-first", "workers-only"])
+# Both orders with fork in the quick run (fresh interpreters warn once per job: the torchrun
+# test below); with spawn too in the full run.
+@pytest.mark.parametrize(
+    ("main_first", "context"),
+    [
+        pytest.param(True, "fork", id="main-first-fork"),
+        pytest.param(False, "fork", id="workers-only-fork"),
+        pytest.param(True, "spawn", id="main-first-spawn", marks=pytest.mark.slow),
+        pytest.param(False, "spawn", id="workers-only-spawn", marks=pytest.mark.slow),
+    ],
+)
 def test_dataloader_workers_warn_once_per_job(
     sandbox: Sandbox, context: str, main_first: bool
 ) -> None:

@@ -195,13 +195,16 @@ def speech_script(sandbox: Sandbox, name: str, body: str) -> Path:
 
 
 def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sandbox) -> None:
-    speech_script(sandbox, "finetune.py", SPEECH_FINETUNE)
+    before = "import os, soundfile, torch\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
+    speech_script(sandbox, "finetune.py", before + SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DEBUG": "1"})
+    assert "BEFORE None" in result.stdout  # nothing before the optimizer is built
     assert_applied(result, "speech-training")
     assert "module soundfile is imported with jiwer (none of its not_imports is) and it builds an optimizer" in result.stderr
     assert "via the runtime setter" in result.stderr
 
 
+@pytest.mark.slow  # the merged string through the setter: the DataLoader test below
 def test_a_training_rule_of_ones_own_on_each_build(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.user_policy('[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n')
     sandbox.script("finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import json"))
@@ -211,14 +214,7 @@ def test_a_training_rule_of_ones_own_on_each_build(sandbox: Sandbox, torch_pytho
     assert_applied(result, "mine", expected=f"garbage_collection_threshold:0.6,{ES}")
 
 
-def test_nothing_before_the_optimizer_is_built(sandbox: Sandbox) -> None:
-    body = "import os, soundfile, torch\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
-    speech_script(sandbox, "finetune.py", body + SPEECH_FINETUNE)
-    result = sandbox.run(["finetune.py"])
-    assert "BEFORE None" in result.stdout
-    assert_applied(result, "speech-training")
-
-
+@pytest.mark.slow  # in process above; the TTS trainer below is left alone end to end
 def test_without_the_speech_stack_untouched(sandbox: Sandbox) -> None:
     speech_script(sandbox, "finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import json, jiwer"))
     assert_untouched(sandbox.run(["finetune.py"]))
@@ -230,12 +226,14 @@ def test_an_audio_stack_without_text_targets_untouched(sandbox: Sandbox) -> None
     assert_untouched(sandbox.run(["finetune.py"]))
 
 
+@pytest.mark.slow  # no optimizer, left alone: the export below
 def test_inference_with_the_stack_but_no_optimizer_untouched(sandbox: Sandbox) -> None:
     body = "import soundfile, torch\nmodel = torch.nn.Linear(4, 2)\nmodel(torch.randn(1, 4))\n"
     sandbox.script("transcribe.py", body)
     assert_untouched(sandbox.run(["transcribe.py"]))
 
 
+@pytest.mark.slow  # in process: test_deny_rules_still_win
 def test_deny_rule_wins_over_training(sandbox: Sandbox) -> None:
     sandbox.user_policy('[[rules]]\nname = "no-x"\naction = "skip"\nimports = ["json"]\n')
     speech_script(sandbox, "finetune.py", "import json\n" + SPEECH_FINETUNE)
@@ -244,6 +242,7 @@ def test_deny_rule_wins_over_training(sandbox: Sandbox) -> None:
     assert result.stderr == ""
 
 
+@pytest.mark.slow  # AUTOALLOC_DISABLE end to end: test_e2e_core
 def test_autoalloc_disable_turns_training_off(sandbox: Sandbox) -> None:
     speech_script(sandbox, "finetune.py", SPEECH_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DISABLE": "1"})
@@ -293,17 +292,14 @@ WRAPPED = (
 )
 
 
-def test_the_optimizer_hook_only_when_a_rule_needs_it(sandbox: Sandbox) -> None:
-    result = sandbox.run(["-c", WRAPPED])
-    assert "WRAPPED True" in result.stdout, result.stderr
+def test_the_optimizer_hook_only_when_a_rule_needs_it_and_until_the_first_optimizer(
+    sandbox: Sandbox,
+) -> None:
+    code = "opt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
+    result = sandbox.run(["-c", WRAPPED + code + WRAPPED.split("\n", 1)[1]])
+    assert result.stdout.split() == ["WRAPPED", "True", "WRAPPED", "False"], result.stderr
     sandbox.user_policy('disable = ["speech-training", "asr-toolkit-imports"]\n')
     result = sandbox.run(["-c", WRAPPED])
-    assert "WRAPPED False" in result.stdout, result.stderr
-
-
-def test_the_optimizer_hook_goes_after_the_first_optimizer(sandbox: Sandbox) -> None:
-    code = "import torch\nopt = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)\n"
-    result = sandbox.run(["-c", code + WRAPPED.split("\n", 1)[1]])
     assert "WRAPPED False" in result.stdout, result.stderr
 
 
