@@ -81,6 +81,30 @@ TREES = (
     Tree("hirofumi0810/neural_sp", "b91877c6d2a11f06026480ab422176274d88cbf2"),
     Tree("thu-spmi/CAT", "e4b8cd14aca0d0d6f96a2f864874834c9de45a83"),
     Tree("facebookresearch/seamless_communication", "90e2b57ac4d82fa2bfaa25caeffe39ceb8b2ebec"),
+    # speech-to-text trainers and their look-alikes (labels: speech_labels.toml)
+    Tree("kaituoxu/Speech-Transformer", "43d83eab2e4e25a4250ddff702aa0a2d4dffe4e6"),
+    Tree("kaituoxu/Listen-Attend-Spell", "b43ce63eaf68252fae2056bfcbbdef18c4be2340"),
+    Tree("Alexander-H-Liu/End-to-end-ASR-Pytorch", "1103d144423e8e692f1d18cd9db27a96cb49fb9d"),
+    Tree("ZhengkunTian/OpenTransformer", "802750a2bba2b5db5a61869a0819bce977bcd7d8"),
+    Tree("mravanelli/pytorch-kaldi", "9773257d4c4edb8bd9a2dcd8c81afa2a4ab9da07"),
+    Tree("yeyupiaoling/MASR", "fe0010de33440a11bb843ff2c424db4b7a310ac7",  # plain scripts
+         extra=("train.py", "eval.py", "export_model.py", "extract_features.py", "create_data.py")),
+    Tree("lorenlugosch/end-to-end-SLU", "e94bd479de1a82663c38363979309089acebcd36"),
+    Tree("smeetrs/deep_avsr", "b68a8dbba4264210e485e96874c78c520298496b"),
+    Tree("mpc001/auto_avsr", "182b62837773ab01052d4ac21ef1d2203ea7d267"),
+    Tree("mpc001/Visual_Speech_Recognition_for_Multiple_Languages",
+         "5e1405db0ae816509fb312f9a578724c2e0de0c7"),
+    Tree("vasistalodagala/whisper-finetune", "718ad18b669d7ed5290a4c1c3577b0b141621555"),
+    Tree("ExtraOrdinaryLab/aura", "0c5ff1add5f0f7315858dd755a92c13e143c5508"),
+    Tree("cwang621/blsp", "f7bf52fbd3341e90e754351a883336c5485b22de"),
+    # recipes run as `python -m recipes.wav2vec2.asr`; a README's `python -m asr` is no library file
+    Tree("facebookresearch/fairseq2", "027bdebca4b9177f1ac1df1cc981b9288465d68e",
+         ("src/fairseq2/models/asr.py",), extra=("recipes/**/__main__.py",)),
+    Tree("hiyouga/LLaMA-Factory", "ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30"),
+    Tree("AI4Bharat/IndicWav2Vec", "d61dfa88fbea10bf1917386bcad7ec19ec0c6929"),
+    Tree("Open-Speech-EkStep/vakyansh-wav2vec2-experimentation",
+         "641a67ab116be666428508de47350910947f8929"),
+    Tree("facebookresearch/av_hubert", "258fb50e155134eec2c4b49c2ae8de267075fd18"),
 )
 
 # Trees of audio training outside speech-to-text (TTS, vocoders, codecs, separation, enhancement,
