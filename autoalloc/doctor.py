@@ -44,6 +44,7 @@ from autoalloc import __version__, allocconf
 from autoalloc.allocconf import ALL_VARS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
+from autoalloc.messages import shortened
 from autoalloc.plan import first_apply_rule, plan
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
@@ -480,6 +481,8 @@ def status() -> Status:
     ok = ok and all(v["ok"] for v in in_effect.values())
     ok = ok and not (intent.inherited is not None and not intent.inherited["intact"])
     summary = _summary(ok, decision, intent.options, in_effect, hook_dict, opted_out)
+    if doctor_itself(decision) and hook_dict["live"] and not intent.options and matching_job:
+        summary = ready(matching_job)  # what a user runs a bare `autoalloc doctor` for
     if torch is None:
         summary = "torch was not imported: " + (problems[0] if problems else "unknown")
     return Status(
@@ -565,12 +568,29 @@ def _summary(
 _CHECK_A_JOB = 'to check a job, run "autoalloc explain -- CMD" or "autoalloc ab -- CMD"'
 
 
+def doctor_itself(decision: Decision | None) -> bool:
+    """Whether this process's own decision is the one for ``autoalloc doctor`` itself."""
+    return (
+        decision is not None
+        and decision.action == "none"
+        and decision.entry.target in ("autoalloc", "autoalloc.__main__")
+    )
+
+
+def ready(job: Mapping[str, Any]) -> str:
+    """The headline of a bare ``autoalloc doctor``: the hook is live, and what a job gets."""
+    return (
+        f"installed and live here; a job a rule matches (e.g. rule {job['rule']}) gets "
+        f"{job['reads']}={shortened(job['value'])}; {_CHECK_A_JOB}"
+    )
+
+
 def nothing_to_do(decision: Decision | None) -> str:
     """The headline when this process meant no allocator options: why, and what to run instead
     (doctor's own process is rarely the one a user wants to know about)."""
     if decision is None:
         why = "torch was imported before autoalloc could decide"
-    elif decision.action == "none" and decision.entry.target in ("autoalloc", "autoalloc.__main__"):
+    elif doctor_itself(decision):
         why = 'no rule matches "autoalloc doctor" itself'
     elif decision.action == "none":
         why = f"no rule matches {decision.entry.describe()}"
@@ -601,7 +621,7 @@ def _render_setup(s: Status) -> list[str]:
     env = s.environment
     for name, value in env["variables"].items():
         mark = "  <- torch reads this" if name == env["torch_reads"] else ""
-        lines.append(f"{name + ':':<26}{'(unset)' if value is None else repr(value)}{mark}")
+        lines.append(f"{name + ':':<26}{'(unset)' if value is None else shortened(value)}{mark}")
     return lines
 
 
