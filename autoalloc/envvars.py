@@ -20,6 +20,7 @@ TRUSTED_DIRS_VAR = "AUTOALLOC_TRUSTED_DIRS"  # project files below these are use
 APPLIED_VAR = "AUTOALLOC_APPLIED"  # "rule;value" autoalloc applied: children know it as theirs
 ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"  # JSON: the allocator variables before autoalloc wrote them
 WARNED_VAR = "AUTOALLOC_WARNED"  # digests of the warnings this job has already given
+DEFERRED_VAR = "AUTOALLOC_DEFERRED"  # JSON: warnings a multi-node agent leaves to global rank 0
 
 # Measurement (`autoalloc report`, `autoalloc ab`)
 REPORT_VAR = "AUTOALLOC_REPORT"  # write a report of the optimizer steps at exit (file, dir, -)

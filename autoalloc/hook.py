@@ -10,16 +10,18 @@ string goes through the runtime setter.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 
 from autoalloc import entrypoint, messages, torchinfo
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.envvars import REPORT_VAR, WARNED_VAR
+from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR, WARNED_VAR
 from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
@@ -209,14 +211,55 @@ def commit(decision: Decision) -> None:
             f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
             f"{STATE.setter_error}"
         )
-    for message in _not_yet_said(said):
-        messages.warn(message)
+    if many_node_agent(getattr(sys, "orig_argv", sys.argv), os.environ):
+        # One agent per node: none of them knows whether its node holds global rank 0, so
+        # each leaves the job's warnings to its workers, where only global rank 0 speaks.
+        _defer(_not_yet_said(said, mark=False))
+    else:
+        for message in _not_yet_said([*said, *_deferred()]):
+            messages.warn(message)
     messages.debug(decision.summary())
     for note in decision.notes:
         messages.debug(f"note: {note}")
 
 
-def _not_yet_said(messages: list[str]) -> list[str]:
+LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
+
+
+def many_node_agent(argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    """Whether this process is a torchrun agent of a job on more than one node (``--nnodes 2``,
+    ``--nnodes=1:4``): its workers, not it, know the global ranks."""
+    if "RANK" in env:
+        return False
+    words = list(argv)
+    if not any(w in LAUNCHERS or os.path.basename(w) == "torchrun" for w in words[:4]):
+        return False
+    for i, word in enumerate(words):
+        value = word.partition("=")[2] if word.startswith("--nnodes=") else None
+        if word == "--nnodes" and i + 1 < len(words):
+            value = words[i + 1]
+        if value is not None:
+            return value.strip() not in ("1", "1:1")
+    return False
+
+
+def _defer(fresh: list[str]) -> None:
+    if fresh:
+        os.environ[DEFERRED_VAR] = json.dumps([*_deferred(keep=True), *fresh])
+        messages.debug(f"multi-node agent: {len(fresh)} warning(s) left to global rank 0")
+
+
+def _deferred(keep: bool = False) -> list[str]:
+    """The warnings a multi-node agent left to its workers (taken out of the environment)."""
+    raw = os.environ.get(DEFERRED_VAR) if keep else os.environ.pop(DEFERRED_VAR, None)
+    try:
+        value = json.loads(raw) if raw else []
+    except ValueError:
+        return []
+    return [m for m in value if isinstance(m, str)] if isinstance(value, list) else []
+
+
+def _not_yet_said(messages: list[str], mark: bool = True) -> list[str]:
     """The messages no process of this job has warned about yet; marks them as said.
 
     ``AUTOALLOC_WARNED`` carries a short digest of each warning to child processes, so a
@@ -229,7 +272,7 @@ def _not_yet_said(messages: list[str]) -> list[str]:
         if digest not in said:
             said.append(digest)
             fresh.append(message)
-    if fresh:
+    if fresh and mark:
         os.environ[WARNED_VAR] = ",".join(d for d in said if d)
     return fresh
 
