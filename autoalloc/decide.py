@@ -92,7 +92,7 @@ class Decision:
             parts.append(f"({self.reason})")
         if self.value is not None and self.action == "apply":
             via = " via the runtime setter" if self.setter_value is not None else ""
-            parts.append(f"-> {self.read_var}={self.value!r}{via}")
+            parts.append(f"-> {self.read_var}={shortened(self.value)}{via}")
         return " ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
