@@ -21,7 +21,7 @@
 #      checkout (no index: hatchling from PYTHON's environment), installs it offline into a
 #      fresh venv beside PYTHON's torch (the path the GPU run takes when python3's environment
 #      is not writable), checks the hook is live there, runs `autoalloc bench --quick` (its CPU
-#      smoke path) and `autoalloc ab` on the workload (CPU, a few steps), and writes the
+#      smoke path) and `autoalloc ab` on the workload (its smoke preset, a few steps), and writes the
 #      results folder (default benchmarks/out/gpu_check-dry-run). The full A/B is left out.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,7 @@ fi
 LIMIT=${GPU_CHECK_LIMIT:-560}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT"/*.json "$OUT"/*.png
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
@@ -90,7 +91,11 @@ else
         install_beside .whl/platformdirs-*.whl .whl/autoalloc-*.whl
     fi
 fi
-"$PY" -c 'import autoalloc, os, sys; print("autoalloc from", os.path.dirname(autoalloc.__file__))' 
+# From here on, run from a neutral directory: the checkout's autoalloc/ (first on sys.path for
+# `python -c` and `-m`) must not stand in for the autoalloc that was installed.
+cd "$SCRATCH" || exit 2
+"$PY" -c 'import autoalloc, os, sys; d = os.path.dirname(autoalloc.__file__); print("autoalloc from", d); sys.exit(0 if "-packages" in d else 1)' \
+    || { echo "the autoalloc $PY imports is not the installed one"; exit 2; }
 "$PY" -c 'import sys; armed = any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path); print("hook armed:", armed); sys.exit(0 if armed else 1)' \
     || { echo "autoalloc's startup hook is not live in $PY"; exit 2; }
 
@@ -107,7 +112,7 @@ AB_RC=0
 if [ "$DRY" = 1 ]; then
     echo "== autoalloc ab --steps 3 --repeat 1 -- the workload on the CPU (dry run)"
     "$PY" -m autoalloc ab --steps 3 --warmup 2 --repeat 1 --timeout 300 --out "$SCRATCH/ab" \
-        -- "$PY" -m autoalloc.bench.workload --preset quick --device cpu --steps 100000
+        -- "$PY" -m autoalloc.bench.workload --preset smoke --device cpu --steps 100000
     AB_RC=$?
     cp "$SCRATCH/ab/ab.json" "$OUT/ab.json" 2>/dev/null
     cp "$SCRATCH/ab/ab.png" "$OUT/ab.png" 2>/dev/null
