@@ -62,14 +62,14 @@ def program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
     base = os.path.basename(absolute)
     lower = base.lower()
     if lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES):
-        return EntryPoint("script", absolute, tuple(args), absolute, real)
+        return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
     for suffix in _WRAPPER_SUFFIXES:
         if lower.endswith(suffix):
             base = base[: -len(suffix)]
             break
     if os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
-        return EntryPoint("script", absolute, tuple(args), absolute, real)
-    return EntryPoint("command", base, tuple(args), absolute, real)
+        return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
+    return EntryPoint("command", base, tuple(args), path=absolute, realpath=real)
 
 
 def parse(argv: Sequence[str], cwd: str | None = None, stdin_isatty: bool = False) -> EntryPoint:

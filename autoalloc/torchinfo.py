@@ -60,7 +60,8 @@ def parse_version_file(text: str, path: str = "") -> TorchInfo | None:
     version = values.get("__version__")
     if not version:
         return None
-    return TorchInfo(version, values.get("cuda"), values.get("hip") or values.get("rocm"), path)
+    hip = values.get("hip") or values.get("rocm")
+    return TorchInfo(version=version, cuda=values.get("cuda"), hip=hip, path=path)
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)

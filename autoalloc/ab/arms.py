@@ -62,11 +62,11 @@ def ab_arms(
     if decision["action"] == "apply":
         options = dict(decision["requested"])
         on = Arm(
-            "on",
-            cmd,
-            {DISABLE_VAR: None},
-            _intent(options),
-            f"autoalloc's hook applies rule {decision['rule']} ({decision['rule_source']}): "
+            name="on",
+            command=cmd,
+            env={DISABLE_VAR: None},
+            intent=_intent(options),
+            how=f"autoalloc's hook applies rule {decision['rule']} ({decision['rule_source']}): "
             + allocconf.serialize(options),
         )
     else:
@@ -75,20 +75,21 @@ def ab_arms(
         why = decision.get("reason") or decision["action"]
         value, note = merged(env, var, options)
         on = Arm(
-            "on",
-            cmd,
-            {DISABLE_VAR: "1", var: value},
-            _intent(options),
-            f"no rule applies options to this command ({why}): the policy's [allocator] defaults "
-            f"({', '.join(origins)}), set by ab in {var}={value}" + (f"; {note}" if note else ""),
+            name="on",
+            command=cmd,
+            env={DISABLE_VAR: "1", var: value},
+            intent=_intent(options),
+            how=f"no rule applies options to this command ({why}): the policy's [allocator] "
+            f"defaults ({', '.join(origins)}), set by ab in {var}={value}"
+            + (f"; {note}" if note else ""),
         )
     off_value, note = merged(env, var, {ES: "False"})
     off = Arm(
-        "off",
-        cmd,
-        {DISABLE_VAR: "1", var: off_value},
-        False,
-        f"{DISABLE_VAR}=1 and {var}={off_value}" + (f"; {note}" if note else ""),
+        name="off",
+        command=cmd,
+        env={DISABLE_VAR: "1", var: off_value},
+        intent=False,
+        how=f"{DISABLE_VAR}=1 and {var}={off_value}" + (f"; {note}" if note else ""),
     )
     return [on, off]
 

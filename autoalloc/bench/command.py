@@ -86,7 +86,10 @@ def make_arms(names: Sequence[str], base: Sequence[str], policy: str) -> list[Ar
             "plain": "runtime setter after the model is on the GPU",
             "env-on": CUDA_VAR + "=" + ES_ON,
         }[kind]
-        arms.append(Arm(name, (*base, *extra), arm_env(kind, policy), intent, how))
+        arms.append(
+            Arm(name=name, command=(*base, *extra), env=arm_env(kind, policy), intent=intent,
+                how=how)
+        )
     return arms
 
 
