@@ -11,7 +11,8 @@ import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from autoalloc.torchinfo import TorchInfo
 
@@ -19,7 +20,7 @@ CUDA_VAR = "PYTORCH_CUDA_ALLOC_CONF"
 HIP_VAR = "PYTORCH_HIP_ALLOC_CONF"
 ALLOC_VAR = "PYTORCH_ALLOC_CONF"
 ALL_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
-
+SEGMENTS = "expandable_segments"
 
 
 class ConfError(ValueError):
@@ -124,32 +125,50 @@ def _roundup(v: object) -> str:
     return "[" + ",".join(parts) + "]"
 
 
+SnapshotKind = Literal["bool", "int", "float", "mib"]
+
+
 @dataclass(frozen=True)
 class Key:
-    """One allocator option: the first torch release that knows it and its value check."""
+    """One allocator option: the first torch release that knows it, its value check, and
+    where ``torch.cuda.memory._snapshot()["allocator_settings"]`` reports it (name, kind)."""
 
     name: str
     since: tuple[int, int]
     check: Callable[[object], str]
     cuda_only: bool = False
+    snapshot: tuple[str, SnapshotKind] | None = None
 
 
 KEYS: dict[str, Key] = {
     k.name: k
     for k in (
-        Key("expandable_segments", (2, 1), _bool),
-        Key("max_split_size_mb", (1, 13), _int(low=20)),
-        Key("garbage_collection_threshold", (1, 13), _fraction(closed=False)),
+        Key("expandable_segments", (2, 1), _bool, snapshot=("expandable_segments", "bool")),
+        Key("max_split_size_mb", (1, 13), _int(low=20), snapshot=("max_split_size", "mib")),
+        Key(
+            "garbage_collection_threshold", (1, 13), _fraction(closed=False),
+            snapshot=("garbage_collection_threshold", "float"),
+        ),
         Key("roundup_power2_divisions", (1, 13), _roundup),
         Key("backend", (2, 0), _choice("native", "cudaMallocAsync"), cuda_only=True),
-        Key("release_lock_on_cudamalloc", (2, 2), _bool, cuda_only=True),
-        Key("pinned_use_cuda_host_register", (2, 2), _bool, cuda_only=True),
         Key(
-            "pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True), cuda_only=True
+            "release_lock_on_cudamalloc", (2, 2), _bool, cuda_only=True,
+            snapshot=("release_lock_on_cudamalloc", "bool"),
+        ),
+        Key(
+            "pinned_use_cuda_host_register", (2, 2), _bool, cuda_only=True,
+            snapshot=("pinned_use_cuda_host_register", "bool"),
+        ),
+        Key(
+            "pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True),
+            cuda_only=True, snapshot=("pinned_num_register_threads", "int"),
         ),
         Key("max_non_split_rounding_mb", (2, 6), _int(low=20)),
         Key("pinned_use_background_threads", (2, 6), _bool),
-        Key("graph_capture_record_stream_reuse", (2, 9), _bool, cuda_only=True),
+        Key(
+            "graph_capture_record_stream_reuse", (2, 9), _bool, cuda_only=True,
+            snapshot=("graph_capture_record_stream_reuse", "bool"),
+        ),
         Key("per_process_memory_fraction", (2, 10), _fraction(closed=True), cuda_only=True),
         Key("pinned_reserve_segment_size_mb", (2, 10), _int(low=1), cuda_only=True),
         Key("large_segment_size_mb", (2, 11), _int(low=11)),
@@ -350,6 +369,73 @@ def last_value(pairs: Sequence[tuple[str, str]], key: str) -> str | None:
         if k == key:
             found = v
     return found
+
+
+def value_in(text: str | None, key: str) -> str | None:
+    """The value torch ends up with for ``key`` in an allocator string (last one wins).
+
+    The one reader of a raw string's effective values (a getter's, an environment
+    variable's, a setter call's): a string ``parse`` refuses is read token by token, as far
+    as torch's own parser gets before it raises.
+    """
+    if not text:
+        return None
+    try:
+        return last_value(parse(text), key)
+    except ConfError:
+        pass
+    toks = tokens(text)
+    found = None
+    for i in range(len(toks) - 2):
+        if toks[i] == key and toks[i + 1] == ":" and toks[i + 2] not in ",:[]":
+            found = toks[i + 2]
+    return found
+
+
+def segments_on(text: str | None) -> bool:
+    """Whether an allocator string leaves ``expandable_segments`` on (torch: the last wins;
+    ``expandable_segments:True,expandable_segments:False`` is off)."""
+    return value_in(text, SEGMENTS) == "True"
+
+
+def from_snapshot(key: str, settings: Mapping[str, object]) -> str | bool | None:
+    """``key``'s value as allocator text from ``_snapshot()["allocator_settings"]``.
+
+    None: torch reports the default (no value); False: the snapshot does not report this key.
+    """
+    spec = KEYS.get(key)
+    if spec is None or spec.snapshot is None or spec.snapshot[0] not in settings:
+        return False
+    name, kind = spec.snapshot
+    raw = settings[name]
+    if kind == "bool":
+        return "True" if raw else "False"
+    if kind == "mib":
+        if raw is None or not isinstance(raw, int) or raw < 0:
+            return None
+        return str(raw // (1 << 20))
+    return str(raw)
+
+
+@dataclass(frozen=True)
+class InEffect:
+    """What torch's allocator uses now, as far as autoalloc knows, and who set each option.
+
+    ``origin`` names who set a key (an environment variable, ``the call at FILE:LINE``, a
+    rule); ``runtime`` holds the keys a runtime setter call of the program (not autoalloc's
+    own) set last. A late apply merges the rule's options under these.
+    """
+
+    pairs: tuple[tuple[str, str], ...] = ()
+    origin: Mapping[str, str] = field(default_factory=dict)
+    runtime: frozenset[str] = frozenset()
+
+    def refused(self) -> bool:
+        """The program turned expandable segments off at run time: its choice, kept."""
+        return SEGMENTS in self.runtime and last_value(self.pairs, SEGMENTS) == "False"
+
+    def text(self) -> str:
+        return serialize(self.pairs)
 
 
 def read_order(torch: TorchInfo | None) -> tuple[str, ...]:

@@ -269,9 +269,11 @@ def decide(
     late: bool = False,
     platform: str = sys.platform,
     trains: bool = False,
+    now: allocconf.InEffect | None = None,
 ) -> Decision:
     """The decision for this process. ``late``: torch is already loaded (a later import trigger);
-    ``trains``: the process has built an optimizer (``training = true`` rules may hold).
+    ``trains``: the process has built an optimizer (``training = true`` rules may hold);
+    ``now``: what torch uses at a late decision (the rule's options go under it).
 
     1. a parent process of this job applied options: inherited (or undone for a skip rule);
     2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
@@ -295,7 +297,7 @@ def decide(
             action="skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason,
             trigger=match.trigger, warnings=warnings, **base,
         )  # fmt: skip
-    resolved = resolve(policy, rule, entry, env, torch, late, platform)
+    resolved = resolve(policy, rule, entry, env, torch, late, platform, now)
     return replace(
         resolved, reason=match.reason, trigger=match.trigger,
         warnings=(*warnings, *resolved.warnings),
@@ -372,11 +374,16 @@ class _Resolving:
     torch: TorchInfo | None
     read_var: str | None  # the variable torch reads (and autoalloc merges into)
     existing: str  # its text
-    pairs: list[tuple[str, str]]  # its options, parsed
+    pairs: list[tuple[str, str]]  # the options merged into, parsed: its own, or torch's now
     ours: dict[str, str]  # the rule's options that are still to be added
     override: bool
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    origin: Mapping[str, str] = field(default_factory=dict)  # who set a key of ``pairs``
+    base: str | None = None  # the text of ``pairs`` where it is not ``existing`` (late)
+
+    def set_by(self, key: str) -> str | None:
+        return self.origin.get(key, self.read_var)
 
     def merged(self) -> tuple[list[tuple[str, str]], list[str]]:
         return allocconf.merge(self.pairs, self.ours, self.override)
@@ -390,6 +397,7 @@ def resolve(
     torch: TorchInfo | None,
     late: bool = False,
     platform: str = sys.platform,
+    now: allocconf.InEffect | None = None,
 ) -> Decision:
     """The ``apply`` decision for ``rule``: its options merged into the environment.
 
@@ -398,6 +406,10 @@ def resolve(
     options torch would reject together with the environment's, 5. merge and say each
     conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
     environment writes (or the runtime-setter string).
+
+    ``now`` (a late apply, torch loaded): what torch uses at this moment, the environment's
+    string and the program's runtime setter calls, is what the options are merged into, with
+    the same precedence; a runtime ``expandable_segments:False`` is the program's refusal.
     """
     ours, warnings, notes = _gate(policy.options_for(rule), torch, platform, late)  # 1
     env_before = {name: env[name] for name in ALL_VARS if name in env}
@@ -408,21 +420,35 @@ def resolve(
     several = _several_vars(env_before, read_var, torch)
     if several is None and read_var is None and env_before:
         warnings.append(_ignored_vars(env_before, torch))
-    try:  # 2
-        state.pairs = allocconf.parse(existing)
-    except allocconf.ConfError as exc:
-        warnings.append(_unparseable(read_var, existing, rule.name, exc))
-        return _finish(state, entry, several, existing, {}, None)
+    if now is not None:  # 2, late: what torch uses now
+        _merge_under(state, now)
+    else:  # 2
+        try:
+            state.pairs = allocconf.parse(existing)
+        except allocconf.ConfError as exc:
+            warnings.append(_unparseable(read_var, existing, rule.name, exc))
+            return _finish(state, entry, several, existing, {}, None)
     _drop_ignored_by_backend(state)  # 3
     _drop_size_clashes(state)  # 4
     merged = _say_conflicts(state, policy)  # 5
     _warn_split_with_segments(state, merged)  # 6
     value = allocconf.serialize(merged)  # 7
     setter = allocconf.serialize([(k, v) for k, v in merged if k != "backend"])  # fixed at load
-    if not state.ours or value == existing:
-        return _finish(state, entry, several, existing, {}, setter if late else None)
+    base = existing if state.base is None else state.base
+    if not state.ours or value == base:
+        return _finish(state, entry, several, base, {}, setter if late else None)
     writes = _writes(read_var, env_before, existing, value)
     return _finish(state, entry, several, value, writes, setter if late else None)
+
+
+def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
+    """Step 2 of a late apply: merge into what torch uses now; respect a runtime refusal."""
+    state.pairs, state.origin, state.base = list(now.pairs), dict(now.origin), now.text()
+    if now.refused() and state.ours.pop(SEGMENTS, None) is not None:
+        state.notes.append(
+            f"{now.origin.get(SEGMENTS, 'the program')} set expandable_segments:False at run "
+            "time: the program's choice, respected"
+        )
 
 
 def _ignored_vars(env_before: Mapping[str, str], torch: TorchInfo | None) -> str:
@@ -456,7 +482,7 @@ def _drop_ignored_by_backend(state: _Resolving) -> None:
         return
     del state.ours[SEGMENTS]
     from_env = allocconf.last_value(state.pairs, "backend") == backend
-    origin = state.read_var if from_env else f"rule {state.rule.name}"
+    origin = state.set_by("backend") if from_env else f"rule {state.rule.name}"
     state.warnings.append(
         f"autoalloc: {origin} selects backend:{backend}, where expandable_segments has no effect; "
         "autoalloc does not add it"
@@ -482,9 +508,15 @@ def _drop_size_clashes(state: _Resolving) -> None:
         them = "them" if len(dropped) > 1 else "it"
         state.warnings.append(
             f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
-            f"{state.read_var}={shortened(state.existing)} would be rejected by torch ({problem}); "
+            f"{_in_effect_text(state)} would be rejected by torch ({problem}); "
             f"autoalloc does not add {them}"
         )
+
+
+def _in_effect_text(state: _Resolving) -> str:
+    if state.base is None:
+        return f"{state.read_var}={shortened(state.existing)}"
+    return f"the allocator settings in effect ({shortened(state.base)})"
 
 
 def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:
@@ -492,8 +524,9 @@ def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:
     merged, conflicts = state.merged()
     source = policy.on_conflict.source
     conflict_from = source.describe() if source else "autoalloc's default"
-    name, var = state.rule.name, state.read_var
+    name = state.rule.name
     for key in conflicts:
+        var = state.set_by(key)
         env_value = allocconf.last_value(state.pairs, key)
         ours = state.ours[key]
         if state.override:  # asked for explicitly: shown by explain, doctor and AUTOALLOC_DEBUG
@@ -569,6 +602,8 @@ def _finish(
         )
     writes[APPLIED_VAR] = f"{state.rule.name};{value}"
     current = env.get(read_var, "") if read_var else ""
+    if state.base is not None:  # late: torch's string now, not the environment's
+        current = state.base
     rule, torch = state.rule, state.torch
     return Decision(
         action="apply",

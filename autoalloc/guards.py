@@ -31,7 +31,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoalloc import allocconf, messages
@@ -60,11 +60,22 @@ class SetterCall:
 
 
 CALLS: list[SetterCall] = []
-# What torch uses now, as autoalloc models it (None until the first guarded call), and
-# where each option came from; what torch read before the first call, for doctor.
-_effect: list[tuple[str, str]] | None = None
-_origin: dict[str, str] = {}
-_asked: list[tuple[str, str]] = []
+
+
+@dataclass
+class _Model:
+    """What torch's allocator uses now, as autoalloc models it: the environment's string torch
+    read, then every setter call since (``allocconf.after_setter``), and who set each option."""
+
+    pairs: list[tuple[str, str]]
+    origin: dict[str, str]  # key -> the environment variable, "the call at FILE:LINE", a rule
+    last: str  # the last string torch was given (its getter returns it)
+    runtime: set[str] = field(default_factory=set)  # keys a call of the program set last
+
+
+_model: _Model | None = None  # None until first needed
+# What torch used at the first guarded call where autoalloc had applied options (doctor).
+_asked: list[tuple[str, str]] | None = None
 _asked_origin: dict[str, str] = {}
 
 
@@ -192,25 +203,111 @@ def _warn_once(key: str, message: str, where: str | None = None) -> None:
     text = f"autoalloc: {where}: {message}"
     if _secondary():
         return
-    from autoalloc.hook import _not_yet_said  # AUTOALLOC_WARNED: what this job said already
-
-    if _not_yet_said([text]):
+    if messages.not_yet_said([text]):
         messages.warn(text, skip=_skip())
 
 
-def _in_effect(state: Any) -> list[tuple[str, str]]:
-    """What torch uses before this call: the string it read, then every guarded call since."""
-    global _effect
-    if _effect is None:
-        decision = getattr(state, "decision", None)
+def _base(state: Any) -> _Model:
+    """The model before any call autoalloc saw: the string torch reads from the environment."""
+    torch = getattr(state, "torch", None)
+    var = allocconf.effective_var(os.environ, torch)
+    text = os.environ.get(var, "") if var else ""
+    try:
+        pairs = allocconf.parse(text)
+    except allocconf.ConfError:
+        pairs = []  # torch rejects it at its first use: its defaults, as far as autoalloc knows
+    origin = dict.fromkeys((k for k, _ in pairs), var or "the environment")
+    decided = origins(getattr(state, "decision", None), getattr(state, "policy", None), os.environ)
+    origin.update((k, v) for k, v in decided.items() if k in origin)
+    return _Model(pairs, origin, text)
+
+
+def _torch_last_string(state: Any) -> str | None:
+    """The last allocator string torch was given, by torch's own word, where it can say it
+    without side effects: the getter (2.12+), else the snapshot once CUDA is initialized.
+
+    Either builds torch's allocator configuration: asked only right before a setter call, and
+    only of the torch autoalloc saw imported while it is ``sys.modules["torch"]`` (a mock put
+    there is never called).
+    """
+    torch = getattr(state, "torch_module", None)
+    if torch is None or sys.modules.get("torch") is not torch:
+        return None
+    try:
+        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # type: ignore[union-attr]
+        if getter is not None:
+            return str(getter())
+        if getattr(torch.version, "cuda", None) and torch.cuda.is_initialized():  # type: ignore[union-attr]
+            settings = torch.cuda.memory._snapshot()["allocator_settings"]  # type: ignore[union-attr]
+            raw = settings.get("PYTORCH_CUDA_ALLOC_CONF")
+            return raw if isinstance(raw, str) else None
+    except Exception:
+        return None
+    return None
+
+
+def _model_now(state: Any, ask_torch: bool) -> _Model:
+    """The model, created on first use; with ``ask_torch``, a call autoalloc did not see
+    (inside ``torch/__init__`` before the guards, or through a reference taken earlier)
+    is added from torch's own last string."""
+    global _model
+    if _model is None:
+        _model = _base(state)
+    raw = _torch_last_string(state) if ask_torch else None
+    if raw is not None and raw != _model.last:
         try:
-            _effect = allocconf.parse(decision.value or "") if _intent(state) else []
+            unseen = allocconf.parse(raw)
         except allocconf.ConfError:
-            _effect = []
-        _origin.update(origins(decision, getattr(state, "policy", None), os.environ))
-        _asked[:] = _effect
-        _asked_origin.update(_origin)
-    return _effect
+            unseen = []
+        _note(state, _model, unseen, {k for k, _ in unseen}, "an earlier setter call", True)
+        _model.last = raw
+    return _model
+
+
+def _note(
+    state: Any, model: _Model, passed: list[tuple[str, str]], named: set[str], origin: str,
+    runtime: bool,
+) -> None:
+    """Torch accepted ``passed``: the options in effect follow; ``named`` (the keys the caller
+    asked for, or any key whose value changed) are now ``origin``'s."""
+    torch = getattr(state, "torch", None)
+    before = dict(model.pairs)
+    model.pairs = allocconf.after_setter(model.pairs, passed, torch.release if torch else None)
+    for key, value in passed:
+        if key in named or before.get(key) != value:
+            model.origin[key] = origin
+            (model.runtime.add if runtime else model.runtime.discard)(key)
+    model.runtime &= {k for k, _ in model.pairs}
+
+
+def in_effect(state: Any, ask_torch: bool = False) -> allocconf.InEffect:
+    """What torch uses now, for a late apply: the options, who set each, the program's keys.
+
+    ``ask_torch`` only right before a write (it builds torch's allocator configuration).
+    """
+    model = _model_now(state, ask_torch)
+    return allocconf.InEffect(tuple(model.pairs), dict(model.origin), frozenset(model.runtime))
+
+
+def write(state: Any, torch: Any, text: str, origin: str) -> str | None:
+    """autoalloc's own late write: torch's unguarded setter gets ``text`` (the full merged
+    string); the model follows. Torch's error, or None."""
+    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    if setter is None:
+        setter = torch.cuda.memory._set_allocator_settings
+    setter = getattr(setter, "__wrapped__", setter)
+    model = _model_now(state, False)
+    try:
+        setter(text)
+    except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU
+        model.last = text  # torch keeps the string it refused; what is in effect stays
+        return f"{type(exc).__name__}: {exc}"
+    model.last = text
+    try:
+        _note(state, model, allocconf.parse(text), set(), origin, False)
+    except allocconf.ConfError:
+        pass
+    return None
 
 
 @dataclass
@@ -223,22 +320,33 @@ class _Plan:
     call: list[tuple[str, str]] | None  # None: a string autoalloc cannot parse (torch decides)
     dropped: list[tuple[str, str]]
     merge: bool
+    quiet: bool = False  # autoalloc applied nothing here: the call is only modelled
 
 
 def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
-    """None where autoalloc applied nothing: such a process is left entirely alone."""
-    intent = _intent(state)
+    """What the call is about to do. Where autoalloc applied nothing the process is left
+    alone (``quiet``): the call is only counted in the model, for a later late apply."""
+    global _asked
     value = args[0] if args else kwargs.get("env")
-    if not intent or not isinstance(value, str):
+    if not isinstance(value, str):
         return None
+    model = _model_now(state, ask_torch=True)  # a call autoalloc did not see counts first
     where = messages.user_frame(_skip())[1]
-    conflicts = setter_conflicts(intent, value)
     try:
-        call = allocconf.parse(value)
+        call: list[tuple[str, str]] | None = allocconf.parse(value)
     except allocconf.ConfError:
+        call = None
+    intent = _intent(state)
+    if not intent:
+        return _Plan(value, where, [], call, [], False, quiet=True)
+    if _asked is None:
+        _asked = list(model.pairs)
+        _asked_origin.update(model.origin)
+    conflicts = setter_conflicts(intent, value)
+    if call is None:
         return _Plan(value, where, conflicts, None, [], False)
     torch = getattr(state, "torch", None)
-    dropped = allocconf.dropped_by_setter(_in_effect(state), call, torch.release if torch else None)
+    dropped = allocconf.dropped_by_setter(model.pairs, call, torch.release if torch else None)
     policy = getattr(state, "policy", None)
     merge = bool(dropped) and policy is not None and policy.on_setter.value == "merge"
     return _Plan(value, where, conflicts, call, dropped, merge)
@@ -283,23 +391,26 @@ def _say(state: Any, plan: _Plan, dropped: list[tuple[str, str]]) -> None:
             f"({_applied_by(state)}); " + "; ".join(effects)
         )
     if dropped:
-        parts.append(("it also " if parts else "this call ") + reset_message(dropped, _origin))
+        origin = _model.origin if _model is not None else {}
+        parts.append(("it also " if parts else "this call ") + reset_message(dropped, origin))
     if parts:
         _warn_once("setter", "; ".join(parts), plan.where)
 
 
 def _record(state: Any, plan: _Plan, passed: str | None, error: BaseException | None) -> None:
-    """Update the model of what torch uses, and remember the call for doctor and status()."""
-    global _effect
-    torch = getattr(state, "torch", None)
-    release = torch.release if torch else None
-    effect = _in_effect(state)
-    applied = plan.call if error is None and plan.call is not None else []
-    if passed is not None:
-        applied = allocconf.parse(passed)
-    _effect = allocconf.after_setter(effect, applied, release)
-    for key, _ in plan.call or []:
-        _origin[key] = f"the call at {plan.where}"
+    """Update the model of what torch uses, and remember the call for doctor and status().
+
+    A call torch rejected changes nothing in the model: what the program and the user asked
+    for before it is still what a later call merges over.
+    """
+    model = _model_now(state, False)
+    if error is None and plan.call is not None:
+        applied = allocconf.parse(passed) if passed is not None else plan.call
+        named = {k for k, _ in plan.call}
+        _note(state, model, applied, named, f"the call at {plan.where}", True)
+    model.last = passed if passed is not None else plan.value  # torch keeps even one it refused
+    if plan.quiet:
+        return
     CALLS.append(SetterCall(
         plan.where, plan.value, passed or plan.value, tuple(plan.dropped), passed is not None,
         None if error is None else f"{type(error).__name__}: {error}",
@@ -335,10 +446,10 @@ def setter_report(
     """
     if not CALLS:
         return None
-    model = dict(_effect or [])
-    changed = changed_by(CALLS, _asked)
+    model = dict(_model.pairs if _model is not None else [])
+    changed = changed_by(CALLS, _asked or [])
     options = {}
-    for key, value in _asked:
+    for key, value in _asked or []:
         now = snapshot_value(key)
         source = "snapshot"
         if now is False:
@@ -378,7 +489,10 @@ def _after(
 ) -> None:
     """Merge or warn once the call has run; never raises."""
     try:
-        effect = list(_in_effect(state))
+        if plan.quiet:
+            _record(state, plan, None, error)
+            return
+        effect = list(_model_now(state, False).pairs)
         passed = _keep(original, plan, effect) if plan.merge and error is None else None
         _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
         _record(state, plan, passed, error)

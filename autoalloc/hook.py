@@ -13,15 +13,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import ModuleType
 
-from autoalloc import entrypoint, messages, torchinfo
+from autoalloc import allocconf, entrypoint, messages, torchinfo
+from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR, WARNED_VAR
+from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR
 from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
@@ -117,7 +117,11 @@ def _on_trigger(watcher, name: str) -> None:
     if decision is None or decision.action != "none" or STATE.plan is None:
         return
     imported = (sys.modules.keys() - STATE.own) | {name}
-    new = STATE.plan.after_import(name, os.environ, imported, late=STATE.torch_module is not None)
+    plan = STATE.plan
+    if STATE.torch_module is None:  # inside torch/__init__: the environment is still read
+        new = plan.after_import(name, os.environ, imported, late=False)
+    else:
+        new = _late(lambda now: plan.after_import(name, os.environ, imported, True, now))
     if new.decision.action == "none":
         return
     STATE.plan = new
@@ -143,7 +147,8 @@ def _on_optimizer() -> None:
     if decision is None or decision.action != "none" or STATE.plan is None:
         return
     imported = sys.modules.keys() - STATE.own
-    STATE.plan = STATE.plan.after_training(os.environ, imported, late=True)
+    plan = STATE.plan
+    STATE.plan = _late(lambda now: plan.after_training(os.environ, imported, True, now))
     if STATE.plan.decision.action == "none":
         return
     commit(STATE.plan.decision)
@@ -152,6 +157,24 @@ def _on_optimizer() -> None:
     watcher = _watcher()
     if watcher is not None:
         watcher.names.clear()
+
+
+def _late(decide: Callable[[InEffect], Plan]) -> Plan:
+    """A late decision (torch is loaded): the rule's options merged under what torch uses now.
+
+    The one way every late writer decides (the first optimizer, a late import trigger,
+    ``adaptive = "apply"``): first from the guards' model of the setter calls; torch's own
+    word is asked for only when a write follows, since asking builds its configuration.
+    """
+    from autoalloc import guards
+
+    now = guards.in_effect(STATE)
+    new = decide(now)
+    if new.decision.action == "apply" and new.decision.setter_value is not None:
+        told = guards.in_effect(STATE, ask_torch=True)
+        if told != now:
+            new = decide(told)
+    return new
 
 
 def _arm_adaptive(torch: ModuleType) -> None:
@@ -170,7 +193,7 @@ def _segments_on(decision: Decision) -> bool:
     """Nothing to notice: expandable segments are on already, or a rule decided to stay away."""
     if decision.action in ("skip", "disabled"):
         return True
-    return "expandable_segments:true" in (decision.value or "").replace(" ", "").lower()
+    return allocconf.segments_on(decision.value)
 
 
 def _on_finding(finding) -> None:
@@ -182,17 +205,23 @@ def _on_finding(finding) -> None:
     decision, policy, entry = STATE.decision, STATE.policy, STATE.entry
     if decision is None or policy is None or entry is None or _segments_on(decision):
         return
-    if policy.adaptive.value == "apply":
+    if policy.adaptive.value == "apply" and STATE.plan is not None:
         rule = Rule("adaptive", policy.adaptive.source or Source("builtin", "adaptive"))
-        new = resolve(policy, rule, entry, os.environ, STATE.torch, True)
-        reason = f"adaptive = apply: {finding.describe()}"
-        commit(replace(new, reason=reason))
+        plan, torch = STATE.plan, STATE.torch
+
+        def decide(now: InEffect) -> Plan:
+            new = resolve(policy, rule, entry, os.environ, torch, True, now=now)
+            reason = f"adaptive = apply: {finding.describe()}"
+            return replace(plan, decision=replace(new, reason=reason))
+
+        STATE.plan = _late(decide)
+        commit(STATE.plan.decision)
         if STATE.torch_module is not None:
             STATE.torch_module.cuda.empty_cache()  # the cached non-expandable segments go back
         message = adaptive.applied_message(finding)
     else:
         message = adaptive.advice(finding, getattr(sys, "orig_argv", sys.argv))
-    if _not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
+    if messages.not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
         messages.warn(message)  # on global rank 0 only, as every warning
 
 
@@ -204,7 +233,7 @@ def commit(decision: Decision) -> None:
     for name in decision.unsets:
         os.environ.pop(name, None)
     if decision.setter_value is not None:
-        STATE.setter_error = _call_setter(decision.setter_value)
+        STATE.setter_error = _call_setter(decision.setter_value, decision.rule)
     said = list(decision.warnings)
     if STATE.setter_error:
         said.append(
@@ -214,9 +243,9 @@ def commit(decision: Decision) -> None:
     if many_node_agent(getattr(sys, "orig_argv", sys.argv), os.environ):
         # One agent per node: none of them knows whether its node holds global rank 0, so
         # each leaves the job's warnings to its workers, where only global rank 0 speaks.
-        _defer(_not_yet_said(said, mark=False))
+        _defer(messages.not_yet_said(said, mark=False))
     else:
-        for message in _not_yet_said([*said, *_deferred()]):
+        for message in messages.not_yet_said([*said, *_deferred()]):
             messages.warn(message)
     messages.debug(decision.summary())
     for note in decision.notes:
@@ -259,29 +288,12 @@ def _deferred(keep: bool = False) -> list[str]:
     return [m for m in value if isinstance(m, str)] if isinstance(value, list) else []
 
 
-def _not_yet_said(messages: list[str], mark: bool = True) -> list[str]:
-    """The messages no process of this job has warned about yet; marks them as said.
-
-    ``AUTOALLOC_WARNED`` carries a short digest of each warning to child processes, so a
-    bad policy file or a conflict is reported once per job, not once per worker.
-    """
-    said = os.environ.get(WARNED_VAR, "").split(",")
-    fresh = []
-    for message in messages:
-        digest = format(zlib.crc32(message.encode("utf-8", "surrogateescape")), "08x")
-        if digest not in said:
-            said.append(digest)
-            fresh.append(message)
-    if fresh and mark:
-        os.environ[WARNED_VAR] = ",".join(d for d in said if d)
-    return fresh
-
-
-def _call_setter(value: str) -> str | None:
+def _call_setter(value: str, rule: str | None) -> str | None:
     """Apply ``value`` with torch's runtime setter (the unguarded one); the error text or None.
 
     Only on the torch module whose import autoalloc saw execute, and only while it is still
-    ``sys.modules["torch"]``: a test suite's mock put there is never configured.
+    ``sys.modules["torch"]``: a test suite's mock put there is never configured. The guards'
+    model of what torch uses follows the write (one writer for every late apply).
     """
     torch = STATE.torch_module
     if torch is None or sys.modules.get("torch") is not torch:
@@ -289,12 +301,6 @@ def _call_setter(value: str) -> str | None:
             "sys.modules['torch'] is not the torch autoalloc saw imported: no setter call"
         )
         return None
-    setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-    if setter is None:
-        setter = torch.cuda.memory._set_allocator_settings
-    setter = getattr(setter, "__wrapped__", setter)
-    try:
-        setter(value)
-    except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU
-        return f"{type(exc).__name__}: {exc}"
-    return None
+    from autoalloc import guards
+
+    return guards.write(STATE, torch, value, f"rule {rule}" if rule else "autoalloc")

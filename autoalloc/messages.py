@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterable
 
-from autoalloc.envvars import DEBUG_VAR, global_rank, truthy
+from autoalloc.envvars import DEBUG_VAR, WARNED_VAR, global_rank, truthy
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -127,6 +127,27 @@ def apply_warnoptions() -> None:
                 warnings._setoption(option)  # type: ignore[attr-defined]
         except Exception:
             pass
+
+
+def not_yet_said(messages: list[str], mark: bool = True) -> list[str]:
+    """The messages no process of this job has warned about yet; marks them as said (unless
+    ``mark`` is False: a multi-node agent leaves them to its workers).
+
+    ``AUTOALLOC_WARNED`` carries a short digest of each warning to child processes, so a
+    bad policy file or a conflict is reported once per job, not once per worker.
+    """
+    import zlib
+
+    said = os.environ.get(WARNED_VAR, "").split(",")
+    fresh = []
+    for message in messages:
+        digest = format(zlib.crc32(message.encode("utf-8", "surrogateescape")), "08x")
+        if digest not in said:
+            said.append(digest)
+            fresh.append(message)
+    if fresh and mark:
+        os.environ[WARNED_VAR] = ",".join(d for d in said if d)
+    return fresh
 
 
 def warn(message: str, stacklevel: int | None = None, skip: tuple[str, ...] = ()) -> None:

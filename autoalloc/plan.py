@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from autoalloc import messages, sources, wrappers
+from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DISABLE_VAR, truthy
@@ -38,26 +39,31 @@ class Plan:
     trains: bool = False  # the decision counted the process as having built an optimizer
 
     def after_import(
-        self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool
+        self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool,
+        now: InEffect | None = None,
     ) -> Plan:
         """The plan once module ``name`` has been imported (a policy import trigger).
 
         The layers are not read again: the process decides from the policy it started with.
+        ``now``: what torch uses, when torch is loaded (the options go under it).
         """
         if self.policy is None:
             return self
         seen = frozenset({*self.imported, *imported, name})
         decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late,
-                          trains=self.trains)
+                          trains=self.trains, now=now)
         return replace(self, decision=decision, imported=seen)
 
-    def after_training(self, env: Mapping[str, str], imported: Iterable[str], late: bool) -> Plan:
+    def after_training(
+        self, env: Mapping[str, str], imported: Iterable[str], late: bool,
+        now: InEffect | None = None,
+    ) -> Plan:
         """The plan once the process has built its first optimizer (``training = true`` rules)."""
         if self.policy is None:
             return self
         seen = frozenset({*self.imported, *imported})
         decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late,
-                          trains=True)
+                          trains=True, now=now)
         return replace(self, decision=decision, imported=seen, trains=True)
 
 
