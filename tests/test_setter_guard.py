@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import guards, policy
+from autoalloc.messages import shortened
 from tests.helpers import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings
 
 USER = "garbage_collection_threshold:0.8,max_split_size_mb:512"
@@ -129,7 +130,7 @@ def test_nemo_pattern_with_merge_keeps_every_option(sandbox: Sandbox, torch_pyth
     assert out["getter"] == merged
     note = (
         f"autoalloc: {module}:{_line(DATALOADER, 'build')}: on_setter = merge: "
-        f"torch gets {merged!r} "
+        f"torch gets {shortened(merged)} "
         f"for 'expandable_segments:True' (keeps {USER.replace(',', ', ')})"
     )
     assert note in result.stderr.splitlines()
