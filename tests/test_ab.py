@@ -53,14 +53,13 @@ def ab(
     return result, data
 
 
-def test_ab_runs_both_arms_twice_and_stops_each_run(tmp_path: Path) -> None:
-    result, data = ab(tmp_path, ["--steps", "5", "--repeat", "2"], [PY, TINY, "1000"])
+def test_ab_runs_both_arms_alternately_and_stops_each_run(tmp_path: Path, full: bool) -> None:
+    repeat = 2 if full else 1  # each run imports torch: one of each arm in the quick run
+    result, data = ab(tmp_path, ["--steps", "5", "--repeat", str(repeat)], [PY, TINY, "1000"])
     assert result.returncode == 0, result.stdout + result.stderr
     runs = data["runs_by_arm"]
-    assert [r["repeat"] for r in runs["on"]] == [1, 2] and [r["repeat"] for r in runs["off"]] == [
-        1,
-        2,
-    ]
+    repeats = list(range(1, repeat + 1))
+    assert [r["repeat"] for r in runs["on"]] == repeats == [r["repeat"] for r in runs["off"]]
     intended = {"on": True, "off": False}
     for arm, arm_runs in runs.items():
         for run in arm_runs:
@@ -78,7 +77,8 @@ def test_ab_runs_both_arms_twice_and_stops_each_run(tmp_path: Path) -> None:
     assert not {"steps/s", "step time median (ms)", "peak reserved (GiB)"} & set(rows)
     assert "measured steps" in rows
     assert "CPU: step times and memory are not compared" in result.stdout
-    assert "[4/4] off (repeat 2): done, 7 steps" in result.stderr  # plain lines: no terminal
+    last = f"[{2 * repeat}/{2 * repeat}] off (repeat {repeat}): done, 7 steps"
+    assert last in result.stderr  # plain lines: no terminal
     # progress names the warm-up steps apart from the measured ones (--warmup 2 --steps 5)
     assert "warm-up step" in result.stderr and "step 5/5" in result.stderr
     assert "step 7/" not in result.stderr

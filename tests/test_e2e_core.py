@@ -84,9 +84,11 @@ def test_disable_spellings_arm_no_watcher(monkeypatch: pytest.MonkeyPatch, value
     assert armed() is (value not in DISABLE_SPELLINGS)
 
 
-def test_disable_env_and_enabled_false(sandbox: Sandbox) -> None:
+def test_disable_env_and_enabled_false(sandbox: Sandbox, full: bool) -> None:
     sandbox.script(NEMO)
     assert_untouched(sandbox.run([NEMO], env={"AUTOALLOC_DISABLE": "YES"}))
+    if not full:  # enabled = false end to end: test_untrusted's trusted foreign project
+        return
     sandbox.write("NeMo/autoalloc.toml", "enabled = false\n")
     result = sandbox.run([NEMO])
     assert_untouched(result)

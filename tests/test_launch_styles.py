@@ -84,6 +84,7 @@ def test_nemo_absolute_path_unbuffered(sandbox: Sandbox) -> None:
     assert_applied(sandbox.run(["-u", str(script), "model.train_ds.use_lhotse=true"], cwd=sandbox.home), "nemo-asr-train")
 
 
+@pytest.mark.slow  # ./zipformer/train.py from a recipe dir: the symlinked test below
 def test_icefall_started_from_the_recipe_dir(sandbox: Sandbox) -> None:
     sandbox.script("icefall/egs/librispeech/ASR/zipformer/train.py")
     recipe = sandbox.work / "icefall/egs/librispeech/ASR"
@@ -546,6 +547,7 @@ ESPNET_TRAIN = {
         ["-m", "trace", "--trackcalls", "--module"],
     ], ["cProfile", "pdb", "trace"]),
 )
+@pytest.mark.slow  # a wrapper end to end: the cProfile, coverage and user wrappers; -m forms in process
 def test_wrapped_module_trainer(sandbox: Sandbox, wrapper: list[str]) -> None:
     site = stand_in(
         sandbox,

@@ -62,6 +62,7 @@ def test_find_spec_probe_costs_nothing_and_says_nothing(sandbox: Sandbox) -> Non
     assert result.stderr == ""
 
 
+@pytest.mark.slow  # test_startup_watcher's loader test pickles the spec end to end
 def test_the_spec_pickles_before_and_after_import(sandbox: Sandbox) -> None:
     code = textwrap.dedent(
         """

@@ -220,6 +220,7 @@ def test_without_the_speech_stack_untouched(sandbox: Sandbox) -> None:
     assert_untouched(sandbox.run(["finetune.py"]))
 
 
+@pytest.mark.slow  # other audio training left alone: the TTS trainer below
 def test_an_audio_stack_without_text_targets_untouched(sandbox: Sandbox) -> None:
     # a vocoder or enhancement trainer: audio in, audio out, nothing that handles text
     sandbox.script("finetune.py", SPEECH_FINETUNE.replace(STACK_LINE, "import soundfile"))
