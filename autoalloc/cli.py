@@ -94,10 +94,10 @@ def _check_file(path: str) -> list[str]:
     if os.path.basename(path) == "pyproject.toml":
         beside = os.path.join(os.path.dirname(path), "autoalloc.toml")
         if os.path.isfile(beside) and sources.shadowed_table(beside) is not None:
-            return [sources.shadow_note(path)]
+            return [sources.shadow_note(of_pyproject=True)]
     problems = _file_problems(path)
     shadowed = sources.shadowed_table(path)
-    return problems + ([sources.shadow_note(shadowed)] if shadowed is not None else [])
+    return problems + ([sources.shadow_note()] if shadowed is not None else [])
 
 
 def _file_problems(path: str) -> list[str]:

@@ -240,7 +240,8 @@ def commit(decision: Decision) -> None:
             f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
             f"{STATE.setter_error}"
         )
-    if many_node_agent(getattr(sys, "orig_argv", sys.argv), os.environ):
+    argv = getattr(sys, "orig_argv", None) or getattr(sys, "argv", None) or []
+    if many_node_agent(argv, os.environ):
         # One agent per node: none of them knows whether its node holds global rank 0, so
         # each leaves the job's warnings to its workers, where only global rank 0 speaks.
         _defer(messages.not_yet_said(said, mark=False))

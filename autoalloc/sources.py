@@ -266,12 +266,13 @@ _UNTRUSTED = (
 )
 
 
-def shadow_note(pyproject: str) -> str:
-    """What a run, ``explain`` and ``check`` say about a ``[tool.autoalloc]`` never read."""
+def shadow_note(of_pyproject: bool = False) -> str:
+    """What a run, ``explain`` and ``check`` say about a ``[tool.autoalloc]`` never read: in
+    the autoalloc.toml's message (one file named per message), or in the pyproject.toml's."""
+    whose = "Its" if of_pyproject else "The pyproject.toml beside it has a"
     return (
-        f"The [tool.autoalloc] table of {messages.printable(pyproject)} is ignored: "
-        "autoalloc.toml in the same directory wins (move that table into autoalloc.toml, "
-        "or delete autoalloc.toml)."
+        f"{whose} [tool.autoalloc] table, which is ignored: autoalloc.toml in the same "
+        "directory wins (move that table into autoalloc.toml, or delete autoalloc.toml)."
     )
 
 
@@ -466,7 +467,7 @@ def with_shadow(layer: LayerStatus) -> LayerStatus:
     shadowed = shadowed_table(layer.path) if layer.path else None
     if shadowed is None:
         return layer
-    return replace(layer, message=f"{layer.message} {shadow_note(shadowed)}".strip())
+    return replace(layer, message=f"{layer.message} {shadow_note()}".strip())
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:

@@ -225,15 +225,15 @@ def test_autoalloc_toml_wins_and_the_ignored_table_is_named(sandbox: Sandbox) ->
     run = sandbox.run([str(script)])
     assert_untouched(run)  # the pyproject rule "mine" would apply: its table is not read
     (warning,) = autoalloc_warnings(run.stderr)
-    assert "pyproject.toml is ignored: autoalloc.toml in the same directory wins" in warning
+    assert "pyproject.toml beside it has a [tool.autoalloc] table, which is ignored" in warning
     check = sandbox.run(["-m", "autoalloc", "check"])
     assert check.returncode == 1
-    assert "pyproject.toml is ignored" in check.stdout
+    assert "[tool.autoalloc] table, which is ignored" in check.stdout
     assert not [line for line in check.stdout.splitlines() if line.endswith("work/autoalloc.toml")]
     named = sandbox.run(["-m", "autoalloc", "check", "pyproject.toml"])
-    assert named.returncode == 1 and "is ignored" in named.stdout
+    assert named.returncode == 1 and "Its [tool.autoalloc] table, which is ignored" in named.stdout
     explain = sandbox.run(["-m", "autoalloc", "explain", "--", "python", str(script)])
-    assert "pyproject.toml is ignored" in explain.stdout
+    assert "[tool.autoalloc] table, which is ignored" in explain.stdout
 
 
 def test_pyproject_alone_is_read(sandbox: Sandbox) -> None:

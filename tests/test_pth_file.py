@@ -174,10 +174,16 @@ def test_both_copies_of_the_startup_module_arm_one_watcher(tmp_path: Path) -> No
 
 
 def test_startup_module_imports_only_what_the_interpreter_has_loaded() -> None:
-    """_startup runs in every process: it imports nothing beyond os and sys (loaded by site already)."""
+    """_startup runs in every process: it imports nothing beyond os and sys (loaded by site
+    already) and _thread (built in, loaded by importlib's bootstrap before site runs)."""
     source = STARTUP.read_text()
     top_level = re.findall(r"^(?:import|from)\s+([\w.]+)", source, flags=re.M)
-    assert set(top_level) <= {"os", "sys"}
+    assert set(top_level) <= {"os", "sys", "_thread"}
+    bare = subprocess.run(
+        [sys.executable, "-S", "-I", "-c", "import sys; print('_thread' in sys.modules)"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert bare.stdout.strip() == "True"  # there before any .pth runs, even without site
     code = (
         "import os, sys; before = set(sys.modules); import autoalloc._startup as s; s.main(); "
         "print(sorted(set(sys.modules) - before))"
