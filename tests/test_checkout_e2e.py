@@ -1,6 +1,7 @@
-"""The built-in import fallback on real torch: outside a toolkit checkout it applies, inside
-one (recognised by the file at its root, whatever the folder is called) the script rules
-alone decide, so a tool there that imports the toolkit is left alone."""
+"""The built-in import fallback on real torch: outside a toolkit checkout it applies to a
+program that imports the toolkit and builds an optimizer; inside one (recognised by the file
+at its root, whatever the folder is called) the script rules alone decide, so a tool there
+that imports the toolkit is left alone."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ NEMO_PACKAGE = {
     "nemo/collections/__init__.py": "",
     "nemo/collections/asr/__init__.py": "import torch\n",
 }
-TOOL = "import nemo.collections.asr\n" + PROBE
+# it imports the toolkit and trains (the fallback holds only then)
+TOOL = (
+    "import nemo.collections.asr, torch\n"
+    "torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())\n" + PROBE
+)
 
 
 def _checkout(sandbox: Sandbox, folder: str) -> None:

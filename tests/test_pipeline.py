@@ -65,6 +65,8 @@ CASES = {
             "site/nemo/__init__.py": "",
             "site/nemo/collections/__init__.py": "",
             "site/nemo/collections/asr/__init__.py": "",
+            # the built-in toolkit trigger waits for an optimizer: a rule that fires at the import
+            "autoalloc.toml": '[[rules]]\nname = "nb"\nimports = ["nemo.collections.asr"]\n',
         },
         imports=("nemo.collections.asr",),
     ),
@@ -134,7 +136,8 @@ def test_launcher_hand_off_and_imports(sandbox: Sandbox) -> None:
     assert result.decision.action == "apply" and result.decision.rule == "nemo-asr-train"
     code = entrypoint.parse(["python", "-c", "pass"], cwd)
     assert plan(code, sandbox.env, cwd, CUDA).decision.action == "none"
-    nemo = plan(code, sandbox.env, cwd, CUDA, ["nemo.collections.asr"]).decision
+    assert plan(code, sandbox.env, cwd, CUDA, ["nemo.collections.asr"]).decision.action == "none"
+    nemo = plan(code, sandbox.env, cwd, CUDA, ["nemo.collections.asr"], trains=True).decision
     assert nemo.action == "apply" and nemo.trigger == "nemo.collections.asr"
     report = explain(["python", "-c", "pass"], env=sandbox.env, cwd=cwd, imported=["vllm"])
     assert report["decision"]["action"] == "skip" and report["imported"] == ["vllm"]
