@@ -188,6 +188,7 @@ class LayerStatus:
     # the parsed autoalloc table, for a file found and readable
     table: object = field(default=None, compare=False, repr=False)
     config: LayerConfig | None = field(default=None, compare=False, repr=False)  # validated
+    data: bytes = field(default=b"", compare=False, repr=False)  # the bytes read (layercache)
 
 
 

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 
-from autoalloc import messages, wrappers
+from autoalloc import layercache, messages, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import CONFIG_VAR, TRUSTED_DIRS_VAR
 from autoalloc.policy import (
@@ -34,11 +34,6 @@ from autoalloc.policy import (
     validate,
 )
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on older interpreters in CI
-    import tomli as tomllib
-
 MAX_BYTES = 1 << 20
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
 WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
@@ -49,12 +44,20 @@ class LayerError(Exception):
 
 
 def site_path() -> str:
+    return layercache.config_dir("site", _site_path)
+
+
+def user_path() -> str:
+    return layercache.config_dir("user", _user_path)
+
+
+def _site_path() -> str:
     import platformdirs
 
     return os.path.join(platformdirs.site_config_dir("autoalloc"), "config.toml")
 
 
-def user_path() -> str:
+def _user_path() -> str:
     import platformdirs
 
     return os.path.join(platformdirs.user_config_dir("autoalloc"), "config.toml")
@@ -156,6 +159,10 @@ def parse_toml(data: bytes) -> dict:
     """
     if data in _PARSED:
         return _PARSED[data]
+    if sys.version_info >= (3, 11):  # imported here: a layer found in the cache needs no parser
+        import tomllib
+    else:  # pragma: no cover - exercised on older interpreters in CI
+        import tomli as tomllib
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -319,12 +326,17 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
             except LayerError:
                 pass
             return LayerStatus("project", path, "untrusted", _UNTRUSTED)
+        cached = _cached("project", path, False, data)
+        if cached is not None:
+            return cached
         table = policy_table(path, data)
     except FileNotFoundError:
         return None
     except LayerError as exc:
         return LayerStatus("project", path, "error", str(exc))
-    return None if table is None else LayerStatus("project", path, "found", table=table)
+    if table is None:
+        return None
+    return LayerStatus("project", path, "found", table=table, data=data)
 
 
 def _find(start: str | None, trusted: Sequence[str] | None) -> LayerStatus | None:
@@ -350,7 +362,7 @@ def find_project(start: str | None) -> LayerStatus | None:
 
 
 def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
-    if read.status != "found":
+    if read.status != "found" or read.config is not None:
         return read
     try:
         # the table is parse_toml's, which no one changes: validated once per process
@@ -359,20 +371,37 @@ def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
     # A file used in part is "found", with a message saying what was left out.
-    return replace(read, config=config, message=summarize(problems))
+    done = replace(read, config=config, message=summarize(problems))
+    if read.data and read.path:
+        key = (read.layer, read.path, allow_trust, os.environ.get("HOME"))
+        layercache.put("layer", key, read.data, (done.status, done.message, config))
+    return done
+
+
+def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> LayerStatus | None:
+    """The layer validated from exactly these bytes by an earlier process (``layercache``)."""
+    key = (layer, path, allow_trust, os.environ.get("HOME"))  # HOME: '~' in patterns
+    hit = layercache.get("layer", key, data)
+    if not isinstance(hit, tuple) or len(hit) != 3 or not isinstance(hit[2], LayerConfig):
+        return None
+    return LayerStatus(layer, path, hit[0], hit[1], config=hit[2], data=data)
 
 
 def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerStatus:
     """One named layer file, read and validated."""
     try:
-        table = policy_table(path, read_bytes(path))
+        data = read_bytes(path)
+        cached = _cached(layer, path, allow_trust, data)
+        if cached is not None:
+            return cached
+        table = policy_table(path, data)
     except FileNotFoundError:
         return LayerStatus(layer, path, "missing")
     except LayerError as exc:
         return LayerStatus(layer, path, "error", str(exc))
     if table is None:
         return LayerStatus(layer, path, "missing", "no [tool.autoalloc] table")
-    return _validated(LayerStatus(layer, path, "found", table=table), allow_trust)
+    return _validated(LayerStatus(layer, path, "found", table=table, data=data), allow_trust)
 
 
 def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:

@@ -1,0 +1,141 @@
+"""The layer cache: a later process uses the validated layers of an earlier one, and only when
+that is as safe as reading the files (same bytes, own private files, nothing but records)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoalloc import layercache
+
+# What a process decides from the layers, and whether it needed a TOML parser or platformdirs.
+DECIDE = """
+import json, os, sys
+from autoalloc import decide, entrypoint, sources
+cwd = os.getcwd()
+entry = entrypoint.parse([sys.executable, sys.argv[1]], cwd)
+policy = sources.load(entry, os.environ, cwd)
+d = decide.decide(policy, entry, os.environ, None, ())
+print(json.dumps({
+    "decision": [d.action, d.rule, d.value],
+    "layers": [[s.layer, s.path, s.status, s.message] for s in policy.layers],
+    "rules": [[r.name, r.action, r.scripts, dict(r.allocator)] for r in policy.rules],
+    "parsed": "tomllib" in sys.modules or "tomli" in sys.modules,
+    "platformdirs": "platformdirs" in sys.modules,
+}))
+"""
+
+USER = """
+[[rules]]
+name = "lab-a"
+scripts = ["train_lab*.py"]
+allocator = { garbage_collection_threshold = 0.5 }
+"""
+
+
+def decide(sandbox, script: str = "train_lab.py", env: dict | None = None) -> dict:
+    result = sandbox.run(["-c", DECIDE, script], env={"XDG_CACHE_HOME": str(cache(sandbox)),
+                                                     **(env or {})})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    return json.loads(result.stdout)
+
+
+def cache(sandbox) -> Path:
+    return sandbox.root / "cache"
+
+
+def entries(sandbox) -> list[Path]:
+    return sorted((cache(sandbox) / "autoalloc").glob("*.pickle"))
+
+
+def same(a: dict, b: dict) -> bool:
+    return {k: v for k, v in a.items() if k not in ("parsed", "platformdirs")} == {
+        k: v for k, v in b.items() if k not in ("parsed", "platformdirs")
+    }
+
+
+def test_a_later_process_uses_the_layers_validated_before(sandbox) -> None:
+    sandbox.user_policy(USER)
+    first = decide(sandbox)
+    assert first["parsed"] and first["decision"][:2] == ["apply", "lab-a"]
+    second = decide(sandbox)
+    assert not second["parsed"] and not second["platformdirs"]
+    assert same(first, second)
+    for path in [*entries(sandbox), cache(sandbox) / "autoalloc"]:
+        assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_changed_bytes_are_read_again_whatever_the_time_stamps(sandbox) -> None:
+    path = sandbox.user_policy(USER)
+    decide(sandbox)
+    stamp = path.stat()
+    path.write_text(USER.replace("lab-a", "lab-b").replace("0.5", "0.7"))  # same size
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    changed = decide(sandbox)
+    assert changed["parsed"] and changed["decision"][:2] == ["apply", "lab-b"]
+    assert "garbage_collection_threshold:0.7" in changed["decision"][2]
+
+
+class Boom:
+    def __reduce__(self):
+        return (os.system, ("touch boom",))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "group-writable", "foreign", "code"])
+def test_a_corrupt_or_foreign_cache_is_ignored_silently(sandbox, damage: str) -> None:
+    sandbox.user_policy(USER)
+    first = decide(sandbox)
+    for path in entries(sandbox):
+        if damage == "garbage":
+            path.write_bytes(b"not a pickle")
+        elif damage == "truncated":
+            path.write_bytes(path.read_bytes()[:-20])
+        elif damage == "group-writable":
+            path.chmod(0o660)
+        elif damage == "foreign":
+            os.chown(path, 12345, 12345) if os.geteuid() == 0 else pytest.skip("needs root")
+        else:
+            path.write_bytes(pickle.dumps(Boom()))
+    again = decide(sandbox)
+    assert again["parsed"] and same(first, again)
+    assert not (sandbox.work / "boom").exists()
+
+
+def test_an_unusable_cache_directory_means_no_cache_and_no_message(sandbox) -> None:
+    sandbox.user_policy(USER)
+    blocker = sandbox.root / "a-file"
+    blocker.write_text("")
+    for _ in range(2):
+        result = decide(sandbox, env={"XDG_CACHE_HOME": str(blocker / "cache")})
+        assert result["parsed"] and result["decision"][:2] == ["apply", "lab-a"]
+    result = decide(sandbox, env={"XDG_CACHE_HOME": "relative/cache", "HOME": "relative"})
+    assert result["parsed"] and not (sandbox.work / "relative").exists()
+
+
+def test_ranks_writing_at_once_leave_a_usable_cache(sandbox) -> None:
+    sandbox.user_policy(USER)
+    env = {**sandbox.env, "XDG_CACHE_HOME": str(cache(sandbox))}
+    argv = [sys.executable, "-c", DECIDE, "train_lab.py"]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    procs = [subprocess.Popen(argv, cwd=sandbox.work, env=env, **pipes) for _ in range(6)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 and err == "" for p, (_, err) in zip(procs, outs))
+    results = [json.loads(out) for out, _ in outs]
+    assert all(same(results[0], r) for r in results)
+    after = decide(sandbox)
+    assert not after["parsed"] and same(results[0], after)
+    assert not list((cache(sandbox) / "autoalloc").glob("*.tmp"))
+
+
+def test_the_unpickler_builds_policy_records_only() -> None:
+    with pytest.raises(pickle.UnpicklingError):
+        layercache._loads(pickle.dumps(Boom()))
+    with pytest.raises(pickle.UnpicklingError):
+        layercache._loads(pickle.dumps(object()))
