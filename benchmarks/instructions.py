@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""What autoalloc costs, counted in instructions: callgrind, hook vs no hook, in one run.
+
+Wall-clock ratios on a shared machine swing by several percent from run to run; the
+number of instructions a process executes does not (callgrind counts them, deterministic
+to well under 1% with ``PYTHONHASHSEED`` fixed). This benchmark uses the venv of
+``benchmarks/startup.py`` (autoalloc installed from this checkout as a wheel, torch 2.13.0
+CPU, setuptools), compiles the bytecode of everything in it as ``pip install`` does (the
+runs themselves write none), gives every process an empty ``HOME`` (so only the built-in
+policy applies, unless a case brings its own) and counts each case with the hook files in
+place and moved aside:
+
+- P1   ``python -c pass``.
+- P1'  what each ``.pth`` adds to ``python -c pass`` in the same venv: ``autoalloc.pth``,
+       setuptools' ``distutils-precedence.pth``, and a ``.pth`` holding ``import sys``.
+- P2   ``python plain.py`` (``import torch``; no rule matches), the same import in a script
+       laid out as NeMo's ``examples/asr/asr_ctc/speech_to_text_ctc_bpe.py`` (the built-in
+       policy applies), and that script under a project ``autoalloc.toml`` of 20 rules (the
+       last one applies). The hook arm is checked to have decided as expected.
+- probe ``importlib.util.find_spec("torch")``: how libraries test for torch.
+- P3   the decision alone (``sources.load`` + ``decide.decide``), first call in a fresh
+       process, imports included: 200 and 10,000 rules (half in a project file 30
+       directories above the script, half in a user file; the last one matches); counted as
+       the process that decides minus the same process that does not. ``warm``: the layer
+       cache was written by an earlier process; ``cold``: no cache yet.
+- net  the decision at ``import torch`` without torch: the modules torch imports anyway
+       loaded first, then the hook's ``before_exec`` (and the import of ``autoalloc.guards``)
+       on a stand-in module; a quick (seconds, not minutes) estimate of P2's difference.
+
+Milliseconds-equivalent: instructions divided by the rate of the no-hook ``import torch``
+process on this machine (its instructions over its CPU time, median of a few native runs).
+
+Usage::
+
+    python benchmarks/instructions.py --json benchmarks/results/DATE-instructions.json
+    python benchmarks/instructions.py --only p1,site,net    # seconds: no torch import counted
+
+Without valgrind it says so and exits 0. A P2 count takes about 2 minutes of CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import startup as wall  # (the wall-clock benchmark beside this one: same venv)
+
+CASES = ("p1", "site", "probe", "p2", "p2-match", "p2-match20", "p3", "net")
+GOALS = {"p1": 0.02, "p2": 0.01, "site": 0.5, "p3-200": 15.0, "p3-10000": 1000.0}
+COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
+NEMO_SCRIPT = ("NeMo", "examples", "asr", "asr_ctc", "speech_to_text_ctc_bpe.py")
+
+
+def count(argv: list[str], env: dict[str, str], cwd: Path) -> int:
+    """Instructions ``argv`` executes (callgrind, no cache simulation, no output file)."""
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+    out = subprocess.run(cmd, env=env, cwd=str(cwd), capture_output=True, text=True)
+    found = COLLECTED.findall(out.stderr)
+    if out.returncode != 0 or not found:
+        raise SystemExit(f"instructions.py: {argv} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    return int(found[-1])
+
+
+def native(argv: list[str], env: dict[str, str], cwd: Path) -> str:
+    out = subprocess.run(argv, env=env, cwd=str(cwd), capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"instructions.py: {argv} exited {out.returncode}:\n{out.stderr[-3000:]}")
+    return out.stdout
+
+
+def compile_venv(venv: wall.Venv) -> None:
+    """Bytecode for every module of the venv, as pip writes it (the runs write none)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cmd = [venv.python, "-m", "compileall", "-q", "-j", "0", str(venv._site)]
+    subprocess.run(cmd, env=env, capture_output=True)  # exit 1: some of torch's files are not 3.11
+
+
+def environment(work: Path) -> dict[str, str]:
+    """Nothing that changes Python's, autoalloc's or torch's behaviour; an empty HOME."""
+    home = work / "home"
+    if home.exists():
+        shutil.rmtree(home)
+    home.mkdir(parents=True)
+    drop = ("AUTOALLOC_", "PYTORCH_", "PYTHON", "XDG_", "TORCH_", "VIRTUAL_ENV", "OMP_", "MKL_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(HOME=str(home), PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1")  # fmt: skip
+    return env
+
+
+def arms(venv: wall.Venv, argv: list[str], env: dict, cwd: Path) -> dict:
+    """One count with the hook files aside, one with them in place."""
+    venv.set_hook(False)
+    try:
+        off = count(argv, env, cwd)
+    finally:
+        venv.set_hook(True)
+    on = count(argv, env, cwd)
+    return {"no_hook": off, "hook": on, "added": on - off, "ratio": on / off}
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def case_site(venv: wall.Venv, env: dict, work: Path, none: int | None) -> dict:
+    """P1': each .pth alone in the venv, ``python -c pass``; cost = count minus no .pth."""
+    site = venv._site
+    (site / (wall.BARE_PTH + ".aside")).write_text("import sys\n")
+    argv = [venv.python, "-c", "pass"]
+    out: dict = {}
+    venv.set_hook(False)
+    try:
+        out["none"] = none if none is not None else count(argv, env, work)
+        for arm, name in (("distutils", wall.DISTUTILS_PTH), ("bare", wall.BARE_PTH)):
+            wall.place(site, name, True)
+            try:
+                out[arm] = count(argv, env, work)
+            finally:
+                wall.place(site, name, False)
+    finally:
+        venv.set_hook(True)
+    out["autoalloc"] = count(argv, env, work)
+    cost = {arm: out[arm] - out["none"] for arm in ("autoalloc", "distutils", "bare")}
+    return {"counts": out, "cost": cost, "ratio": cost["autoalloc"] / cost["distutils"]}
+
+
+def nemo_tree(root: Path, rules: int) -> Path:
+    """A NeMo-shaped checkout with ``import torch`` at its ASR training script's place;
+    ``rules``: a project ``autoalloc.toml`` with that many rules, the last matching."""
+    script = wall.write(root.joinpath(*NEMO_SCRIPT), "import torch\n")
+    if rules:
+        body = [
+            f'[[rules]]\nname = "lab-{i}"\nscripts = ["**/lab_{i}/train*.py", "lab{i}_*.py"]\n'
+            f'modules = ["lab{i}.train*"]\ncommands = ["lab{i}-train"]\n'
+            f'imports = ["lab{i}.asr.data"]\n'
+            for i in range(rules - 1)
+        ]
+        body.append('[[rules]]\nname = "lab-ctc"\nscripts = ["**/asr_ctc/speech_to_text_*.py"]\n')
+        wall.write(root / "NeMo" / "autoalloc.toml", "\n".join(body))
+    return script
+
+
+def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str) -> dict:
+    if kind == "p2":
+        script, expect = wall.write(work / "plain" / "plain.py", "import torch\n"), ": none ("
+    elif kind == "p2-match":
+        script, expect = nemo_tree(work / "match", 0), ": apply (rule asr-"
+    else:
+        script, expect = nemo_tree(work / "match20", 20), ": apply (rule lab-ctc"
+    cwd = script.parent if kind == "p2" else next(p for p in script.parents if p.name == "NeMo")
+    traced = subprocess.run([venv.python, str(script)], env={**env, "AUTOALLOC_DEBUG": "1"},
+                            cwd=str(cwd), capture_output=True, text=True).stderr  # fmt: skip
+    decided = next((line for line in traced.splitlines() if str(script) in line), traced[-300:])
+    result = arms(venv, [venv.python, str(script)], env, cwd)
+    result["applied"] = decided.split(": ", 2)[-1]
+    result["decided_as_expected"] = expect in decided
+    return result
+
+
+P3_SCRIPT = textwrap.dedent(
+    """
+    import os, sys
+    if sys.argv[1] == "1":
+        from autoalloc import decide, entrypoint, sources
+        from autoalloc.torchinfo import TorchInfo
+        cwd = os.getcwd()
+        entry = entrypoint.parse([sys.executable, "train_asr_p3.py"], cwd)
+        env = dict(os.environ)
+        policy = sources.load(entry, env, cwd)
+        torch = TorchInfo("2.13.0+cu130", cuda="13.0")
+        d = decide.decide(policy, entry, env, torch, set(sys.modules))
+        sys.stdout.write(f"{d.action} {d.rule} {len(policy.rules)}\\n")
+    """
+)
+
+
+def case_p3(venv: wall.Venv, env: dict, work: Path, rules: int, cold: bool) -> dict:
+    deep, config_home = wall.p3_fixture(work, rules, 30)
+    script = wall.write(work / "p3_count.py", P3_SCRIPT)
+    cache = work / f"p3-{rules}-cache"
+    env = {**env, "XDG_CONFIG_HOME": str(config_home), "XDG_CACHE_HOME": str(cache)}
+    venv.set_hook(False)
+    try:
+        shutil.rmtree(cache, ignore_errors=True)
+        out: dict = {}
+        if cold:
+            out["cold"] = count([venv.python, str(script), "1"], env, deep)
+        decided = native([venv.python, str(script), "1"], env, deep).split()
+        out["warm"] = count([venv.python, str(script), "1"], env, deep)
+        out["none"] = count([venv.python, str(script), "0"], env, deep)
+    finally:
+        venv.set_hook(True)
+    result = {"counts": out, "rules": int(decided[2]), "decision": decided[:2]}
+    result["decided_as_expected"] = decided[:2] == ["apply", "user-last"]
+    result["added"] = {k: out[k] - out["none"] for k in ("cold", "warm") if k in out}
+    return result
+
+
+NET_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    mode, preload = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+    for name in preload.split(","):
+        if name:
+            try:
+                __import__(name)
+            except Exception:
+                pass
+    if mode != "0":
+        import importlib.util, types
+        module = types.ModuleType("torch")
+        module.__spec__ = importlib.util.find_spec("torch")
+        sys.modules["_autoalloc_startup"].run("before_exec", module, set(sys.modules))
+        import autoalloc.guards
+    if mode == "list":
+        import json
+        print(json.dumps(sorted(sys.modules)))
+    """
+)
+
+
+def case_net(venv: wall.Venv, env: dict, work: Path) -> dict:
+    """The hook's decision at ``import torch`` net of what torch imports anyway, torch left out."""
+    script = wall.write(work / "plain" / "net.py", NET_SCRIPT)
+    listing = "import json, sys; print(json.dumps(sorted(sys.modules)))"
+    venv.set_hook(False)
+    try:
+        torch_loads = set(json.loads(native([venv.python, "-c", "import torch; " + listing],
+                                            env, script.parent)))  # fmt: skip
+    finally:
+        venv.set_hook(True)
+    hook_loads = set(json.loads(native([venv.python, str(script), "list"], env, script.parent)))
+    anyway = ",".join(sorted(m for m in hook_loads & torch_loads if not m.startswith("torch")))
+    base = count([venv.python, str(script), "0", anyway], env, script.parent)
+    decided = count([venv.python, str(script), "1", anyway], env, script.parent)
+    extra = sorted(m for m in hook_loads - torch_loads if m != "torch")
+    return {"without": base, "with": decided, "added": decided - base, "modules_added": extra}
+
+
+# --------------------------------------------------------------------------- report
+
+
+def rate_per_ms(venv: wall.Venv, env: dict, work: Path, instructions: int, runs: int = 5) -> float:
+    """Instructions per CPU millisecond of the no-hook ``import torch`` process here."""
+    script = work / "plain" / "plain.py"
+    venv.set_hook(False)
+    try:
+        cpu = [wall.spawn_time([venv.python, str(script)], env, str(script.parent))[1]
+               for _ in range(runs)]  # fmt: skip
+    finally:
+        venv.set_hook(True)
+    return instructions / statistics.median(cpu)
+
+
+def m(n: float) -> str:
+    return f"{n / 1e6:,.2f} M"
+
+
+def table(r: dict) -> str:
+    rows = ["| case | no hook | hook | added | goal |", "|---|---|---|---|---|"]
+
+    def arm_row(label: str, res: dict, goal: float | None) -> None:
+        pct = (res["ratio"] - 1) * 100
+        judged = "" if goal is None else (" ok" if res["ratio"] - 1 <= goal else " **over**")
+        goal_text = "" if goal is None else f"<= +{goal:.0%}{judged}"
+        rows.append(f"| {label} | {m(res['no_hook'])} | {m(res['hook'])} | "
+                    f"{m(res['added'])} ({pct:+.2f}%) | {goal_text} |")  # fmt: skip
+
+    if "p1" in r:
+        arm_row("P1 `python -c pass`", r["p1"], GOALS["p1"])
+    if "site" in r:
+        s = r["site"]
+        ok = "ok" if s["ratio"] <= GOALS["site"] else "**over**"
+        rows.append(
+            f"| P1' site cost: `autoalloc.pth` vs `distutils-precedence.pth` "
+            f"(`import sys` .pth: {m(s['cost']['bare'])}) | {m(s['cost']['distutils'])} | "
+            f"{m(s['cost']['autoalloc'])} | {s['ratio']:.2f}x | <= 0.5x {ok} |"
+        )
+    if "probe" in r:
+        arm_row('`importlib.util.find_spec("torch")`', r["probe"], None)
+    labels = {"p2": "P2 `python plain.py` (no rule matches)",
+              "p2-match": "P2 NeMo `speech_to_text_ctc_bpe.py` (built-in rule applies)",
+              "p2-match20": "P2 the same, 20-rule project `autoalloc.toml`"}  # fmt: skip
+    for key, label in labels.items():
+        if key in r:
+            arm_row(f"{label}: {r[key]['applied']}", r[key], GOALS["p2"])
+    rate = r.get("rate_per_ms")
+    for rules in (200, 10000):
+        res = r.get(f"p3-{rules}")
+        if res is None:
+            continue
+        for kind, added in res["added"].items():
+            ms = f" = {added / rate:.1f} ms-eq" if rate else ""
+            goal = GOALS[f"p3-{rules}"]
+            ok = "" if not rate else (" ok" if added / rate <= goal else " **over**")
+            rows.append(f"| P3 {rules} rules, first call, {kind} cache | | | "
+                        f"{m(added)}{ms} | <= {goal:g} ms{ok} |")  # fmt: skip
+    if "net" in r:
+        n = r["net"]
+        rows.append(f"| net: decision at `import torch`, torch left out | {m(n['without'])} | "
+                    f"{m(n['with'])} | {m(n['added'])} | |")  # fmt: skip
+    if rate:
+        rows.append(f"\nrate: {rate / 1e3:,.0f} k instructions per CPU ms "
+                    "(the no-hook `import torch` process)")  # fmt: skip
+    return "\n".join(rows)
+
+
+def run_cases(venv: wall.Venv, env: dict, work: Path, only: set[str], cold: bool) -> dict:
+    r: dict = {}
+    if "p1" in only:
+        r["p1"] = arms(venv, [venv.python, "-c", "pass"], env, work)
+    if "site" in only:
+        r["site"] = case_site(venv, env, work, r.get("p1", {}).get("no_hook"))
+    if "probe" in only:
+        code = "import importlib.util as u; u.find_spec('torch')"
+        r["probe"] = arms(venv, [venv.python, "-c", code], env, work)
+    for kind in ("p2", "p2-match", "p2-match20"):
+        if kind in only:
+            r[kind] = case_p2(venv, env, work, kind)
+    if "p3" in only:
+        for rules in (200, 10000):
+            r[f"p3-{rules}"] = case_p3(venv, env, work, rules, cold or rules == 200)
+    if "net" in only:
+        r["net"] = case_net(venv, env, work)
+    if "p2" in r:
+        r["rate_per_ms"] = rate_per_ms(venv, env, work, r["p2"]["no_hook"])
+    return r
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--venv", type=Path, default=wall.DEFAULT_VENV)
+    ap.add_argument("--fresh", action="store_true", help="recreate the venv")
+    ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated ({','.join(CASES)})")
+    ap.add_argument("--cold-10k", action="store_true", help="also P3 10,000 rules without cache")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--source", type=Path, default=wall.REPO,
+                    help="the autoalloc checkout to install (default: this one)")  # fmt: skip
+    args = ap.parse_args(argv)
+    if shutil.which("valgrind") is None:
+        print("instructions.py: valgrind is not installed here: no instruction counts "
+              "(install it, e.g. `apt-get install valgrind`); benchmarks/startup.py "
+              "measures wall-clock time without it")  # fmt: skip
+        return 0
+    only = set(args.only.split(","))
+    unknown = only - set(CASES)
+    if unknown:
+        ap.error(f"unknown cases: {sorted(unknown)}")
+    venv = wall.build_venv(args.venv.resolve(), args.fresh, sys.executable)
+    source = args.source.resolve()
+    if source != wall.REPO:
+        wall.pip(venv.python, "--force-reinstall", "--no-deps", str(source))
+        venv.prepare()
+    compile_venv(venv)
+    work = args.venv.resolve().parent / "instructions-work"
+    env = environment(work)
+    results = run_cases(venv, env, work, only, args.cold_10k)
+    results["meta"] = {
+        "python": platform.python_version(),
+        "valgrind": native(["valgrind", "--version"], env, work).strip(),
+        "source": str(source),
+        "git": wall.git_state() if source == wall.REPO else "",
+        "platform": platform.platform(),
+    }
+    print(table(results))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
