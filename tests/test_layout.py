@@ -19,7 +19,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
 # Lowest first; a module may import its own part or a lower one.
 LEAVES = {"envvars", "messages", "torchinfo", "globs", "entrypoint", "selfimports"}
-DECISION = {"allocconf", "schema", "wrappers", "policy", "sources", "match", "decide", "plan"}
+DECISION = {
+    "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
+}
 APPLICATION = {"hook", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}
 # The hook owns the report recorder (it installs it when AUTOALLOC_REPORT asks for a report).
