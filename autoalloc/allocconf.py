@@ -11,9 +11,10 @@ import math
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
 
+from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 
 CUDA_VAR = "PYTORCH_CUDA_ALLOC_CONF"
@@ -128,7 +129,7 @@ def _roundup(v: object) -> str:
 SnapshotKind = Literal["bool", "int", "float", "mib"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Key:
     """One allocator option: the first torch release that knows it, its value check, and
     where ``torch.cuda.memory._snapshot()["allocator_settings"]`` reports it (name, kind)."""
@@ -417,7 +418,7 @@ def from_snapshot(key: str, settings: Mapping[str, object]) -> str | bool | None
     return str(raw)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class InEffect:
     """What torch's allocator uses now, as far as autoalloc knows, and who set each option.
 

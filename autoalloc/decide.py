@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Container, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from typing import Any, Literal
 
 from autoalloc import allocconf
@@ -37,6 +37,7 @@ from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.match import first_match
 from autoalloc.messages import shortened
 from autoalloc.policy import Policy, Rule, Valued
+from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 
 # ORIGINAL_VAR holds what the allocator variables held before autoalloc wrote them (JSON;
@@ -50,7 +51,7 @@ SEGMENTS = "expandable_segments"
 Action = Literal["apply", "skip", "none", "disabled", "inherited"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Decision:
     """What autoalloc decided for this process, and everything needed to explain it.
 
@@ -365,7 +366,7 @@ def _several_vars(
     )
 
 
-@dataclass
+@record
 class _Resolving:
     """The working state of ``resolve``'s steps: what the environment holds and what is added."""
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
+
+from autoalloc.records import record
 
 Kind = Literal["script", "module", "command", "code", "stdin", "repl", "unknown"]
 
@@ -24,7 +25,7 @@ _SCRIPT_SUFFIXES = (".py", ".pyw", ".pyc", ".pyz")
 _WRAPPER_SUFFIXES = ("-script.pyw", "-script.py", ".exe")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EntryPoint:
     """The program a Python process runs.
 

@@ -13,7 +13,8 @@ import fnmatch
 import os
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from autoalloc.records import record
 
 _DSTAR = object()  # a whole '**' segment: any number of directories
 
@@ -200,7 +201,7 @@ class ArgvGlobs:
         return self._regex.match(arg) is not None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RulePatterns:
     """A rule's patterns as matchers (``None`` when the rule has none of that kind)."""
 

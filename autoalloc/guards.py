@@ -31,11 +31,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from autoalloc import allocconf, messages
 from autoalloc.envvars import ORIGINAL_VAR, global_rank
+from autoalloc.records import record
 
 _SETTERS = (
     "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"
@@ -47,7 +48,7 @@ _warned: set[tuple[str, str]] = set()
 _installed = False
 
 
-@dataclass
+@record
 class SetterCall:
     """One runtime setter call seen in this process, and what it did to the options in effect."""
 
@@ -62,7 +63,7 @@ class SetterCall:
 CALLS: list[SetterCall] = []
 
 
-@dataclass
+@record
 class _Model:
     """What torch's allocator uses now, as autoalloc models it: the environment's string torch
     read, then every setter call since (``allocconf.after_setter``), and who set each option."""
@@ -310,7 +311,7 @@ def write(state: Any, torch: Any, text: str, origin: str) -> str | None:
     return None
 
 
-@dataclass
+@record
 class _Plan:
     """What a guarded call is about to do, worked out before torch sees it."""
 

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from types import ModuleType
 
 from autoalloc import allocconf, entrypoint, messages, torchinfo
@@ -25,10 +25,11 @@ from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR
 from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
+from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 
 
-@dataclass
+@record
 class State:
     """What this process decided; ``autoalloc.status()`` reads it."""
 

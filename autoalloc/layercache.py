@@ -48,7 +48,7 @@ _ALLOWED = frozenset(
     }
 )
 # the modules whose code decides what a validated layer holds
-_CODE = ("policy", "globs", "wrappers", "allocconf", "messages", "sources", "layercache")
+_CODE = ("policy", "schema", "globs", "wrappers", "allocconf", "messages", "sources", "layercache")
 
 
 class _Unpickler(pickle.Unpickler):
@@ -97,10 +97,12 @@ def _code_files() -> tuple:
 
 
 def _path(key: tuple) -> str | None:
+    """The entry's file: named by what it is for, not by the code identity, so that a new
+    version of autoalloc replaces its entries instead of adding to them."""
     where = directory()
     if where is None:
         return None
-    digest = zlib.crc32(repr(key).encode("utf-8", "surrogateescape"))
+    digest = zlib.crc32(repr(key[:-1]).encode("utf-8", "surrogateescape"))
     return os.path.join(where, f"{key[0]}-{digest:08x}.pickle")
 
 

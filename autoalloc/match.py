@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Container, Iterable, Sequence
-from dataclasses import dataclass
 
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.globs import which
 from autoalloc.policy import Rule
+from autoalloc.records import record
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Match:
     """The deciding rule (or None) and what made it match."""
 

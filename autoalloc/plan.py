@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from autoalloc import messages, sources, wrappers
 from autoalloc.allocconf import InEffect
@@ -20,10 +20,11 @@ from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DISABLE_VAR, truthy
 from autoalloc.policy import Policy
+from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Plan:
     """What autoalloc decided for one process, and what it decided from."""
 

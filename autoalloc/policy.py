@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, get_args
 
 from autoalloc import globs, schema
+from autoalloc.records import record
 from autoalloc.schema import DEFAULT_ALLOCATOR, PolicyError, Problem
 from autoalloc.wrappers import Wrapper
 
@@ -26,7 +27,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Source:
     """Where a value came from: the layer and its file."""
 
@@ -44,7 +45,7 @@ RENAMED: Mapping[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Rule:
     """One ``[[rules]]`` entry, validated, with its patterns compiled."""
 
@@ -67,7 +68,7 @@ class Rule:
     not_imports_unless: tuple[str, ...] = ()  # ... or with one of these too
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LayerConfig:
     """The validated content of one policy file."""
 
@@ -84,7 +85,7 @@ class LayerConfig:
     adaptive: str | None = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Valued:
     """A setting with its provenance (``None`` source: autoalloc's own default)."""
 
@@ -176,7 +177,7 @@ def _rule(checked: Mapping[str, Any], source: Source) -> Rule:
     return Rule(source=source, compiled=compiled, **checked)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class LayerStatus:
     """One policy layer as read: where it is, what happened (``found``, ``missing``, ``error``,
     ``untrusted`` or ``unset``), and what it holds."""
@@ -193,7 +194,7 @@ class LayerStatus:
 
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Policy:
     """All layers composed: effective settings with provenance, and rules in match order."""
 

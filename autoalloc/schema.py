@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
 from autoalloc import allocconf
 from autoalloc.messages import closest, did_you_mean, shortened
+from autoalloc.records import record
 
 MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
 MAX_STR = 4096
@@ -33,7 +34,7 @@ class PolicyError(ValueError):
     """A policy file, or a part of it, that cannot be used; the message names the key."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Field:
     """One key: what its value must be (``choices`` for a ``choice``)."""
 
@@ -41,7 +42,7 @@ class Field:
     choices: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Item:
     """One kind of array-of-tables entry (``[[rules]]``, ``[[wrappers]]``)."""
 
@@ -112,7 +113,7 @@ TOP = {
 ITEMS = {"rules": RULE, "wrappers": WRAPPER}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Problem:
     """One mistake: what is wrong (naming the key) and what it costs."""
 
@@ -124,7 +125,7 @@ class Problem:
         return f"{self.text}{end} {self.cost}"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Document:
     """What ``walk`` kept of a policy document: checked top-level values, rules and wrappers
     as checked tables (each with its ``name``), and a problem for everything left out."""

@@ -12,8 +12,9 @@ import re
 import stat
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Literal
+
+from autoalloc.records import record
 
 Flavour = Literal["cpu", "cuda", "rocm"]
 
@@ -23,7 +24,7 @@ _ASSIGN = re.compile(
 _RELEASE = re.compile(r"^(\d+)\.(\d+)")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TorchInfo:
     """The installed torch: ``version`` as in ``torch.__version__`` and its build flavour."""
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal, Optional
 
 from autoalloc import globs
 from autoalloc.entrypoint import EntryPoint, parse, program
+from autoalloc.records import record
 
 ProgramKind = Literal["python", "command"]
 Mode = Literal["script", "module", "code", "command"]
@@ -28,7 +29,7 @@ MAX_DEPTH = 8  # `coverage run -m torch.distributed.run ... train.py` is two; mo
 _PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Wrapper:
     """One program that runs another, and the grammar of its command line (see wrappers.toml)."""
 
@@ -173,7 +174,7 @@ def program_of(wrapper: Wrapper, args: Sequence[str], cwd: str | None) -> EntryP
 # ---------------------------------------------------------------- unwrapping
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Step:
     """One wrapper taken off: which, and the command line it was started with."""
 
@@ -181,7 +182,7 @@ class Step:
     entry: EntryPoint
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Unwrapped:
     """The program to decide for, and the wrappers around it (outermost first)."""
 

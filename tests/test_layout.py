@@ -18,7 +18,7 @@ from autoalloc import _startup, envvars
 PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
 # Lowest first; a module may import its own part or a lower one.
-LEAVES = {"envvars", "messages", "torchinfo", "globs", "entrypoint", "selfimports"}
+LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", "selfimports"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
 }

@@ -1,0 +1,110 @@
+"""``@record``: a dataclass whose methods are shared functions instead of generated code.
+
+``dataclasses.dataclass`` writes the source of ``__init__``, ``__repr__``, ``__eq__``,
+``__hash__`` and (frozen) ``__setattr__``/``__delattr__`` for each class and compiles it:
+about 8 million instructions for a frozen class of 14 fields, paid at import by every
+process that imports torch, since the decision runs there. ``record`` lets
+``dataclasses`` collect the fields (so ``dataclasses.fields``, ``replace``, ``asdict`` and
+``is_dataclass`` work as before) but generates nothing, and gives the class the same
+behaviour through functions shared by every record: positional and keyword arguments,
+defaults and ``default_factory``, ``field(repr=False, compare=False)``, equality between
+instances of the same class, hashing of the compared fields when frozen (unhashable
+otherwise, as a dataclass), ``FrozenInstanceError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+from typing import Any, TypeVar
+
+T = TypeVar("T", bound=type)
+_MISSING = dataclasses.MISSING
+
+
+def _init(self: Any, *args: Any, **kwargs: Any) -> None:
+    cls = type(self)
+    spec = cls.__record_init__
+    if len(args) > len(spec):
+        raise TypeError(
+            f"{cls.__qualname__}.__init__() takes {len(spec) + 1} positional arguments "
+            f"but {len(args) + 1} were given"
+        )
+    for i, (name, default, factory) in enumerate(spec):
+        if i < len(args):
+            if name in kwargs:
+                raise TypeError(
+                    f"{cls.__qualname__}.__init__() got multiple values for argument {name!r}"
+                )
+            value = args[i]
+        elif name in kwargs:
+            value = kwargs.pop(name)
+        elif default is not _MISSING:
+            value = default
+        elif factory is not _MISSING:
+            value = factory()
+        else:
+            raise TypeError(
+                f"{cls.__qualname__}.__init__() missing 1 required positional argument: {name!r}"
+            )
+        object.__setattr__(self, name, value)
+    if kwargs:
+        name = next(iter(kwargs))
+        raise TypeError(
+            f"{cls.__qualname__}.__init__() got an unexpected keyword argument {name!r}"
+        )
+
+
+@reprlib.recursive_repr()
+def _repr(self: Any) -> str:
+    cls = type(self)
+    shown = ", ".join(f"{name}={getattr(self, name)!r}" for name in cls.__record_repr__)
+    return f"{cls.__qualname__}({shown})"
+
+
+def _values(self: Any) -> tuple:
+    return tuple(getattr(self, name) for name in type(self).__record_compare__)
+
+
+def _eq(self: Any, other: object) -> bool:
+    if other.__class__ is self.__class__:
+        return _values(self) == _values(other)
+    return NotImplemented
+
+
+def _hash(self: Any) -> int:
+    return hash(_values(self))
+
+
+def _frozen_setattr(self: Any, name: str, value: object) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+
+def _frozen_delattr(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+
+def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
+    """``@dataclass`` / ``@dataclass(frozen=True)`` without code generation (see above)."""
+
+    def wrap(cls: T) -> T:
+        cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # fields only
+        fields = dataclasses.fields(cls)
+        cls.__record_init__ = tuple(  # type: ignore[attr-defined]
+            (f.name, f.default, f.default_factory) for f in fields if f.init
+        )
+        cls.__record_repr__ = tuple(f.name for f in fields if f.repr)  # type: ignore[attr-defined]
+        compared = tuple(f.name for f in fields if f.compare)
+        cls.__record_compare__ = compared  # type: ignore[attr-defined]
+        own = cls.__dict__
+        for name, function in (("__init__", _init), ("__repr__", _repr), ("__eq__", _eq)):
+            if name not in own:
+                setattr(cls, name, function)
+        if "__hash__" not in own or own["__hash__"] is None:
+            cls.__hash__ = _hash if frozen else None  # type: ignore[assignment]
+        if frozen:
+            cls.__setattr__ = _frozen_setattr  # type: ignore[assignment]
+            cls.__delattr__ = _frozen_delattr  # type: ignore[assignment]
+        return cls
+
+    return wrap if cls is None else wrap(cls)

@@ -1,0 +1,117 @@
+"""``@record`` behaves as ``@dataclass`` for what autoalloc's records use, without generated code."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+from dataclasses import dataclass, field
+
+import pytest
+
+from autoalloc.records import record
+
+
+def define(decorate):
+    @decorate
+    class Item:
+        """An item."""
+
+        name: str
+        size: int = 1
+        tags: tuple[str, ...] = ()
+        extra: dict = field(default_factory=dict)
+        note: str = field(default="", compare=False, repr=False)
+
+    return Item
+
+
+def small(decorate):
+    @decorate
+    class Small:
+        """Hashable fields only."""
+
+        name: str
+        size: int = 0
+
+    return Small
+
+
+Frozen = define(record(frozen=True))
+Plain = define(record)
+DFrozen = define(dataclass(frozen=True))
+DPlain = define(dataclass)
+
+
+def test_frozen_records_construct_compare_hash_and_show_as_dataclasses() -> None:
+    for args, kwargs in [(("a",), {}), (("a", 2), {"tags": ("x",)}), ((), {"name": "b", "note": "n"})]:
+        mine, theirs = Frozen(*args, **kwargs), DFrozen(*args, **kwargs)
+        assert repr(mine) == repr(theirs)
+        assert dataclasses.asdict(mine) == dataclasses.asdict(theirs)
+        assert mine == Frozen(*args, **kwargs)
+        with pytest.raises(TypeError):  # a dict field: unhashable, as the dataclass's
+            hash(mine)
+        with pytest.raises(TypeError):
+            hash(theirs)
+    mine, theirs = small(record(frozen=True)), small(dataclass(frozen=True))
+    assert hash(mine("a", 2)) == hash(theirs("a", 2)) == hash(("a", 2))
+    assert Frozen("a", note="x") == Frozen("a", note="y")  # compare=False
+    assert Frozen("a") != Frozen("b") and Frozen("a") != DFrozen("a")
+    assert Frozen("a").extra is not Frozen("a").extra  # default_factory: one each
+    assert repr(Frozen("a")) == "define.<locals>.Item(name='a', size=1, tags=(), extra={})"
+
+
+def test_frozen_records_refuse_changes_and_replace_makes_a_new_one() -> None:
+    item = Frozen("a")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        item.name = "b"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del item.size
+    changed = dataclasses.replace(item, size=5)
+    assert (changed.name, changed.size, item.size) == ("a", 5, 1)
+    assert dataclasses.is_dataclass(item) and [f.name for f in dataclasses.fields(item)] == [
+        "name", "size", "tags", "extra", "note",
+    ]
+
+
+def test_wrong_arguments_fail_as_a_dataclass_does() -> None:
+    for cls in (Frozen, DFrozen):
+        for args, kwargs in [((), {}), (("a", 1, (), {}, "", "x"), {}), (("a",), {"name": "b"}),
+                             (("a",), {"colour": 1})]:  # fmt: skip
+            with pytest.raises(TypeError):
+                cls(*args, **kwargs)
+
+
+def test_mutable_records_change_and_are_unhashable() -> None:
+    item = Plain("a")
+    item.size = 3
+    assert item == Plain("a", 3) and item != Plain("a")
+    with pytest.raises(TypeError):
+        hash(item)
+    with pytest.raises(TypeError):
+        hash(DPlain("a"))
+
+
+@record(frozen=True)
+class FrozenItem:
+    """Pickled by module and name."""
+
+    name: str
+    extra: dict = field(default_factory=dict)
+    note: str = field(default="", compare=False, repr=False)
+
+
+@record
+class PlainItem:
+    """Pickled by module and name."""
+
+    name: str
+    extra: dict = field(default_factory=dict)
+    note: str = field(default="", compare=False, repr=False)
+
+
+@pytest.mark.parametrize("cls", [FrozenItem, PlainItem])
+def test_records_copy_and_pickle(cls) -> None:
+    item = cls("a", {"k": 1}, "n")
+    for other in (copy.copy(item), copy.deepcopy(item), pickle.loads(pickle.dumps(item))):
+        assert other == item and other.note == "n" and type(other) is cls
