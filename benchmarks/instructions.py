@@ -98,13 +98,14 @@ def environment(work: Path) -> dict[str, str]:
     return env
 
 
-def arms(venv: wall.Venv, argv: list[str], env: dict, cwd: Path) -> dict:
-    """One count with the hook files aside, one with them in place."""
-    venv.set_hook(False)
-    try:
-        off = count(argv, env, cwd)
-    finally:
-        venv.set_hook(True)
+def arms(venv: wall.Venv, argv: list[str], env: dict, cwd: Path, off: int | None = None) -> dict:
+    """One count with the hook files aside (unless ``off`` has it), one with them in place."""
+    if off is None:
+        venv.set_hook(False)
+        try:
+            off = count(argv, env, cwd)
+        finally:
+            venv.set_hook(True)
     on = count(argv, env, cwd)
     return {"no_hook": off, "hook": on, "added": on - off, "ratio": on / off}
 
@@ -150,7 +151,10 @@ def nemo_tree(root: Path, rules: int) -> Path:
     return script
 
 
-def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str) -> dict:
+def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str, off: int | None) -> dict:
+    """``off``: the no-hook count of ``import torch`` from another script, when there is one
+    (without the hook a process does not depend on its script's path but for a few
+    thousand instructions, and each count takes minutes)."""
     if kind == "p2":
         script, expect = wall.write(work / "plain" / "plain.py", "import torch\n"), ": none ("
     elif kind == "p2-match":
@@ -161,7 +165,8 @@ def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str) -> dict:
     traced = subprocess.run([venv.python, str(script)], env={**env, "AUTOALLOC_DEBUG": "1"},
                             cwd=str(cwd), capture_output=True, text=True).stderr  # fmt: skip
     decided = next((line for line in traced.splitlines() if str(script) in line), traced[-300:])
-    result = arms(venv, [venv.python, str(script)], env, cwd)
+    result = arms(venv, [venv.python, str(script)], env, cwd, off)
+    result["no_hook_from"] = "p2" if off is not None else kind
     result["applied"] = decided.split(": ", 2)[-1]
     result["decided_as_expected"] = expect in decided
     return result
@@ -326,7 +331,7 @@ def run_cases(venv: wall.Venv, env: dict, work: Path, only: set[str], cold: bool
         r["probe"] = arms(venv, [venv.python, "-c", code], env, work)
     for kind in ("p2", "p2-match", "p2-match20"):
         if kind in only:
-            r[kind] = case_p2(venv, env, work, kind)
+            r[kind] = case_p2(venv, env, work, kind, r.get("p2", {}).get("no_hook"))
     if "p3" in only:
         for rules in (200, 10000):
             r[f"p3-{rules}"] = case_p3(venv, env, work, rules, cold or rules == 200)
