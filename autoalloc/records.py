@@ -7,7 +7,8 @@ process that imports torch, since the decision runs there. ``record`` lets
 ``dataclasses`` collect the fields (so ``dataclasses.fields``, ``replace``, ``asdict`` and
 ``is_dataclass`` work as before) but generates nothing, and gives the class the same
 behaviour through functions shared by every record: positional and keyword arguments,
-defaults and ``default_factory``, ``field(repr=False, compare=False)``, equality between
+defaults and ``default_factory``, ``field(repr=False, compare=False, init=False)``,
+``__post_init__``, equality between
 instances of the same class, hashing of the compared fields when frozen (unhashable
 otherwise, as a dataclass), ``FrozenInstanceError``.
 """
@@ -24,7 +25,15 @@ _MISSING = dataclasses.MISSING
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     cls = type(self)
-    spec = cls.__record_init__
+    _arguments(self, cls, cls.__record_init__, args, kwargs)
+    for name, default, factory in cls.__record_later__:  # field(init=False) with a default
+        object.__setattr__(self, name, factory() if default is _MISSING else default)
+    post_init = getattr(self, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+
+
+def _arguments(self: Any, cls: type, spec: tuple, args: tuple, kwargs: dict) -> None:
     if len(args) > len(spec):
         raise TypeError(
             f"{cls.__qualname__}.__init__() takes {len(spec) + 1} positional arguments "
@@ -92,6 +101,11 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
         fields = dataclasses.fields(cls)
         cls.__record_init__ = tuple(  # type: ignore[attr-defined]
             (f.name, f.default, f.default_factory) for f in fields if f.init
+        )
+        cls.__record_later__ = tuple(  # type: ignore[attr-defined]
+            (f.name, f.default, f.default_factory)
+            for f in fields
+            if not f.init and (f.default is not _MISSING or f.default_factory is not _MISSING)
         )
         cls.__record_repr__ = tuple(f.name for f in fields if f.repr)  # type: ignore[attr-defined]
         compared = tuple(f.name for f in fields if f.compare)

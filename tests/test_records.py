@@ -115,3 +115,28 @@ def test_records_copy_and_pickle(cls) -> None:
     item = cls("a", {"k": 1}, "n")
     for other in (copy.copy(item), copy.deepcopy(item), pickle.loads(pickle.dumps(item))):
         assert other == item and other.note == "n" and type(other) is cls
+
+
+def test_post_init_and_fields_outside_init_as_a_dataclass() -> None:
+    def derived(decorate):
+        @decorate
+        class Derived:
+            """A field computed after __init__, another one with a default outside it."""
+
+            name: str
+            upper: str = field(init=False, compare=False, repr=False)
+            seen: list = field(init=False, default_factory=list)
+
+            def __post_init__(self) -> None:
+                object.__setattr__(self, "upper", self.name.upper())
+
+        return Derived
+
+    mine, theirs = derived(record(frozen=True)), derived(dataclass(frozen=True))
+    for cls in (mine, theirs):
+        item = cls("ab")
+        assert (item.upper, item.seen) == ("AB", [])
+        assert dataclasses.replace(item, name="cd").upper == "CD"
+        with pytest.raises(TypeError):
+            cls("ab", "AB")
+    assert repr(mine("ab")) == repr(theirs("ab"))
