@@ -21,7 +21,8 @@ SELF_IMPORTS = frozenset(
     datetime dis encodings.utf_8_sig enum errno fnmatch functools importlib
     importlib._bootstrap importlib._bootstrap_external importlib.machinery inspect ipaddress
     itertools json json.decoder json.encoder json.scanner keyword linecache lzma math ntpath
-    opcode operator pathlib platformdirs platformdirs._paths platformdirs._runtime
+    opcode operator pathlib pickle _pickle _compat_pickle struct _struct platformdirs
+    platformdirs._paths platformdirs._runtime
     platformdirs._xdg platformdirs.api platformdirs.unix platformdirs.version random re
     re._casefix re._compiler re._constants re._parser reprlib shutil string tempfile token
     tokenize tomllib tomllib._parser tomllib._re tomllib._types types typing typing.io
