@@ -34,6 +34,20 @@ def run(args: list[str], tmp_path: Path, timeout: float = 600) -> subprocess.Com
     )
 
 
+# ---------------------------------------------------------------------- benchmarks/instructions.py
+
+
+def test_instruction_counts_say_so_and_skip_without_valgrind(tmp_path: Path) -> None:
+    env = {**clean_env(tmp_path), "PATH": str(tmp_path / "no-valgrind-here")}
+    result = subprocess.run(
+        [PY, str(REPO / "benchmarks" / "instructions.py"), "--venv", str(tmp_path / "venv")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "valgrind is not installed" in result.stdout
+    assert not (tmp_path / "venv").exists()  # nothing built for nothing
+
+
 # ---------------------------------------------------------------------------- benchmarks/startup.py
 
 
