@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         wall.pip(venv.python, "--force-reinstall", "--no-deps", str(source))
         venv.prepare()
     compile_venv(venv)
-    work = args.venv.resolve().parent / "instructions-work"
+    work = args.venv.resolve().parent / f"{args.venv.name}-instructions"
     env = environment(work)
     results = run_cases(venv, env, work, only, args.cold_10k)
     results["meta"] = {
