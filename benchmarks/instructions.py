@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -320,8 +321,12 @@ def table(r: dict) -> str:
     return "\n".join(rows)
 
 
-def run_cases(venv: wall.Venv, env: dict, work: Path, only: set[str], cold: bool) -> dict:
-    r: dict = {}
+def run_cases(
+    venv: wall.Venv, env: dict, work: Path, only: set[str], cold: bool, p3_rules: list[int],
+    save: Callable[[dict], None],
+) -> dict:
+    """Every case asked for, ``save``-ing the results after each (a count takes minutes)."""
+    r = _Saved(save)
     if "p1" in only:
         r["p1"] = arms(venv, [venv.python, "-c", "pass"], env, work)
     if "site" in only:
@@ -333,13 +338,25 @@ def run_cases(venv: wall.Venv, env: dict, work: Path, only: set[str], cold: bool
         if kind in only:
             r[kind] = case_p2(venv, env, work, kind, r.get("p2", {}).get("no_hook"))
     if "p3" in only:
-        for rules in (200, 10000):
-            r[f"p3-{rules}"] = case_p3(venv, env, work, rules, cold or rules == 200)
+        for rules in p3_rules:
+            r[f"p3-{rules}"] = case_p3(venv, env, work, rules, cold or rules <= 1000)
     if "net" in only:
         r["net"] = case_net(venv, env, work)
     if "p2" in r:
         r["rate_per_ms"] = rate_per_ms(venv, env, work, r["p2"]["no_hook"])
-    return r
+    return dict(r)
+
+
+class _Saved(dict):
+    """A dict that hands itself to ``save`` whenever a case is added."""
+
+    def __init__(self, save: Callable[[dict], None]) -> None:
+        super().__init__()
+        self.save = save
+
+    def __setitem__(self, key: str, value: object) -> None:
+        super().__setitem__(key, value)
+        self.save(dict(self))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="recreate the venv")
     ap.add_argument("--only", default=",".join(CASES), help=f"comma-separated ({','.join(CASES)})")
     ap.add_argument("--cold-10k", action="store_true", help="also P3 10,000 rules without cache")
+    ap.add_argument("--p3-rules", default="200,10000", help="P3's policy sizes (default 200,10000)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--source", type=Path, default=wall.REPO,
                     help="the autoalloc checkout to install (default: this one)")  # fmt: skip
@@ -369,18 +387,24 @@ def main(argv: list[str] | None = None) -> int:
     compile_venv(venv)
     work = args.venv.resolve().parent / f"{args.venv.name}-instructions"
     env = environment(work)
-    results = run_cases(venv, env, work, only, args.cold_10k)
-    results["meta"] = {
+    meta = {
         "python": platform.python_version(),
         "valgrind": native(["valgrind", "--version"], env, work).strip(),
         "source": str(source),
         "git": wall.git_state() if source == wall.REPO else "",
         "platform": platform.platform(),
     }
+
+    def save(results: dict) -> None:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps({**results, "meta": meta}, indent=1) + "\n")
+
+    sizes = [int(n) for n in args.p3_rules.split(",") if n]
+    results = run_cases(venv, env, work, only, args.cold_10k, sizes, save)
+    results["meta"] = meta
+    save(results)
     print(table(results))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     return 0
 
 
