@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field, replace
 from types import ModuleType
 
-from autoalloc import allocconf, entrypoint, messages, torchinfo
+from autoalloc import allocconf, entrypoint, layercache, messages, torchinfo
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
@@ -74,6 +74,7 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
     """
     if module.__name__ != "torch" or STATE.decision is not None:
         return
+    layercache.enable()  # every process that imports torch decides: reuse what the last one read
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
     STATE.plan = plan(entry, os.environ, cwd, info, imported, argv=getattr(sys, "argv", None))

@@ -20,6 +20,9 @@ As safe as the reading it replaces:
   one, so ranks writing at once each write a whole file and the last one wins;
 - a read-only, missing or unusable cache directory means no cache, and no message.
 
+Only the hook uses it (``enable()``, at ``import torch``): ``explain``, ``doctor``, ``check``
+and other callers of the decision read the files as they are.
+
 An entry is also keyed by the identity of autoalloc's modules that validate (so an upgrade
 or an edit of the package starts afresh), the Python version and ``HOME`` (``~`` in patterns).
 """
@@ -51,6 +54,14 @@ _ALLOWED = frozenset(
 _CODE = ("policy", "schema", "globs", "wrappers", "allocconf", "messages", "sources", "layercache")
 
 
+_ENABLED: list[bool] = []
+
+
+def enable() -> None:
+    """Use the cache in this process (the hook calls it before deciding)."""
+    _ENABLED[:] = [True]
+
+
 class _Unpickler(pickle.Unpickler):
     """Builds the policy's record classes and plain data, nothing else (no call, no import)."""
 
@@ -61,8 +72,8 @@ class _Unpickler(pickle.Unpickler):
 
 
 def directory(env: Mapping[str, str] = os.environ) -> str | None:
-    """The cache directory (None: no cache here)."""
-    if os.name != "posix":
+    """The cache directory (None: no cache here, or not enabled in this process)."""
+    if os.name != "posix" or not _ENABLED:
         return None
     base = env.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
@@ -217,7 +228,7 @@ def config_dir(kind: str, locate: Callable[[], str]) -> str:
     """``locate()`` (platformdirs' answer for the ``kind`` config file), remembered by what it
     depends on: the environment variables it reads, the user, the platform and the
     installed platformdirs."""
-    if os.name != "posix":
+    if directory() is None:
         return locate()
     env = os.environ
     try:

@@ -177,8 +177,9 @@ P3_SCRIPT = textwrap.dedent(
     """
     import os, sys
     if sys.argv[1] == "1":
-        from autoalloc import decide, entrypoint, sources
+        from autoalloc import decide, entrypoint, layercache, sources
         from autoalloc.torchinfo import TorchInfo
+        layercache.enable()  # as the hook does
         cwd = os.getcwd()
         entry = entrypoint.parse([sys.executable, "train_asr_p3.py"], cwd)
         env = dict(os.environ)

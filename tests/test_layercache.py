@@ -17,7 +17,9 @@ from autoalloc import layercache
 # What a process decides from the layers, and whether it needed a TOML parser or platformdirs.
 DECIDE = """
 import json, os, sys
-from autoalloc import decide, entrypoint, sources
+from autoalloc import decide, entrypoint, layercache, sources
+if sys.argv[2:] != ["--no-cache"]:
+    layercache.enable()  # as the hook does at import torch
 cwd = os.getcwd()
 entry = entrypoint.parse([sys.executable, sys.argv[1]], cwd)
 policy = sources.load(entry, os.environ, cwd)
@@ -39,9 +41,9 @@ allocator = { garbage_collection_threshold = 0.5 }
 """
 
 
-def decide(sandbox, script: str = "train_lab.py", env: dict | None = None) -> dict:
-    result = sandbox.run(["-c", DECIDE, script], env={"XDG_CACHE_HOME": str(cache(sandbox)),
-                                                     **(env or {})})  # fmt: skip
+def decide(sandbox, script: str = "train_lab.py", env: dict | None = None, *flags: str) -> dict:
+    result = sandbox.run(["-c", DECIDE, script, *flags],
+                         env={"XDG_CACHE_HOME": str(cache(sandbox)), **(env or {})})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     return json.loads(result.stdout)
@@ -70,6 +72,18 @@ def test_a_later_process_uses_the_layers_validated_before(sandbox) -> None:
     assert same(first, second)
     for path in [*entries(sandbox), cache(sandbox) / "autoalloc"]:
         assert path.stat().st_mode & 0o077 == 0, path
+
+
+def test_only_the_hook_uses_it(sandbox) -> None:
+    """explain, doctor, check and the API read the files as they are, and write no cache."""
+    sandbox.user_policy(USER)
+    for _ in range(2):
+        assert decide(sandbox, "train_lab.py", None, "--no-cache")["parsed"]
+    assert not (cache(sandbox) / "autoalloc").exists()
+    explained = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train_lab.py"],
+                            env={"XDG_CACHE_HOME": str(cache(sandbox))})  # fmt: skip
+    assert explained.returncode == 0 and "lab-a" in explained.stdout
+    assert not (cache(sandbox) / "autoalloc").exists()
 
 
 def test_changed_bytes_are_read_again_whatever_the_time_stamps(sandbox) -> None:
