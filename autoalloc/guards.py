@@ -224,27 +224,22 @@ def _base(state: Any) -> _Model:
 
 
 def _torch_last_string(state: Any) -> str | None:
-    """The last allocator string torch was given, by torch's own word, where it can say it
-    without side effects: the getter (2.12+), else the snapshot once CUDA is initialized.
+    """The last allocator string torch was given, by torch's own word: its getter (2.12+).
 
-    Either builds torch's allocator configuration: asked only right before a setter call, and
-    only of the torch autoalloc saw imported while it is ``sys.modules["torch"]`` (a mock put
-    there is never called).
+    The getter builds torch's allocator configuration: asked only where autoalloc is about to
+    write or applied options, and only of the torch autoalloc saw imported while it is
+    ``sys.modules["torch"]`` (a mock put there is never called). Never the snapshot (seconds
+    on a CUDA build, for doctor and tests only): before 2.12 the model of the environment
+    and the calls seen stands.
     """
     torch = getattr(state, "torch_module", None)
     if torch is None or sys.modules.get("torch") is not torch:
         return None
     try:
         getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # type: ignore[union-attr]
-        if getter is not None:
-            return str(getter())
-        if getattr(torch.version, "cuda", None) and torch.cuda.is_initialized():  # type: ignore[union-attr]
-            settings = torch.cuda.memory._snapshot()["allocator_settings"]  # type: ignore[union-attr]
-            raw = settings.get("PYTORCH_CUDA_ALLOC_CONF")
-            return raw if isinstance(raw, str) else None
+        return str(getter()) if getter is not None else None
     except Exception:
         return None
-    return None
 
 
 def _model_now(state: Any, ask_torch: bool) -> _Model:
@@ -331,13 +326,15 @@ def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
     value = args[0] if args else kwargs.get("env")
     if not isinstance(value, str):
         return None
-    model = _model_now(state, ask_torch=True)  # a call autoalloc did not see counts first
+    intent = _intent(state)
+    # A call autoalloc did not see counts first, asked of torch only where autoalloc applied
+    # options; elsewhere the model follows the calls (a late apply asks before it writes).
+    model = _model_now(state, ask_torch=bool(intent))
     where = messages.user_frame(_skip())[1]
     try:
         call: list[tuple[str, str]] | None = allocconf.parse(value)
     except allocconf.ConfError:
         call = None
-    intent = _intent(state)
     if not intent:
         return _Plan(value, where, [], call, [], False, quiet=True)
     if _asked is None:

@@ -226,3 +226,49 @@ def test_guarded_setter_still_pickles(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["function", "True"]  # guarded, and still pickles
+
+
+def test_guards_never_ask_torch_where_nothing_was_applied(monkeypatch: pytest.MonkeyPatch) -> None:
+    # torch before 2.12 on CUDA: the only word torch has is _snapshot(), seconds with CUDA up
+    import types
+
+    import torch
+
+    snapshots: list[int] = []
+    monkeypatch.delattr(torch._C, "_accelerator_getAllocatorSettings", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda *a: snapshots.append(1) or {})
+    for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(guards, "_model", None)
+    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch)
+    passed: list[str] = []
+    setter = guards._guard_setter(passed.append, state)
+    for value in ("expandable_segments:True", "expandable_segments:False", "max_split_size_mb:64"):
+        setter(value)  # vLLM toggles it around its sleep mode
+    assert passed == ["expandable_segments:True", "expandable_segments:False", "max_split_size_mb:64"]
+    assert snapshots == []
+    assert guards.in_effect(state).pairs == (
+        ("expandable_segments", "False"), ("max_split_size_mb", "64"),
+    )  # the model follows the calls
+    guards.in_effect(state, ask_torch=True)  # right before a late write: the getter or nothing
+    assert snapshots == []
+
+
+def test_guards_ask_the_getter_only_before_a_late_write(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import torch
+
+    asked: list[int] = []
+    getter = torch._C._accelerator_getAllocatorSettings
+    monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings",
+                        lambda: asked.append(1) or getter())
+    monkeypatch.setattr(guards, "_model", None)
+    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch)
+    setter = guards._guard_setter(lambda value: None, state)
+    setter("expandable_segments:False")
+    assert asked == []  # nothing applied here: the call updates the model, torch is not asked
+    guards.in_effect(state, ask_torch=True)
+    assert asked == [1]
