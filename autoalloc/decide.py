@@ -450,6 +450,16 @@ def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
             f"{now.origin.get(SEGMENTS, 'the program')} set expandable_segments:False at run "
             "time: the program's choice, respected"
         )
+    # A key the program set at run time is its choice whatever on_conflict says (that is
+    # about the environment's values): the rule's value for it is not merged at all.
+    for key in sorted(now.runtime & state.ours.keys()):
+        ours, value = state.ours.pop(key), allocconf.last_value(now.pairs, key)
+        if value != ours:
+            state.warnings.append(
+                f"autoalloc: {state.set_by(key)} sets {key}:{value}, rule {state.rule.name} "
+                f"wants {key}:{ours}; keeping {key}:{value} (the program's own setting at "
+                "run time, which on_conflict does not replace)"
+            )
 
 
 def _ignored_vars(env_before: Mapping[str, str], torch: TorchInfo | None) -> str:

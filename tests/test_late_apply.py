@@ -75,11 +75,18 @@ def test_the_rule_goes_under_what_torch_uses_now() -> None:
     assert d.warnings == (
         f"autoalloc: {CALL} sets garbage_collection_threshold:0.7, rule kit wants "
         "garbage_collection_threshold:0.8; keeping garbage_collection_threshold:0.7 "
-        '(set on_conflict = "override" to replace it)',
+        "(the program's own setting at run time, which on_conflict does not replace)",
     )
     over = _late(now, rule={"allocator": {"garbage_collection_threshold": 0.8}},
-                 on_conflict="override")
-    assert over.setter_value == f"garbage_collection_threshold:0.8,{ES}"
+                 on_conflict="override")  # about the environment's values, not the program's
+    assert over.setter_value == f"garbage_collection_threshold:0.7,{ES}"
+    assert over.warnings == d.warnings
+    env = InEffect((("garbage_collection_threshold", "0.6"),),
+                   {"garbage_collection_threshold": "PYTORCH_CUDA_ALLOC_CONF"})
+    over_env = _late(env, {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"},
+                     rule={"allocator": {"garbage_collection_threshold": 0.8}},
+                     on_conflict="override")
+    assert over_env.setter_value == f"garbage_collection_threshold:0.8,{ES}"
 
 
 def test_a_runtime_false_is_refused_an_environment_false_is_kept_with_a_warning() -> None:
@@ -154,9 +161,18 @@ def test_a_rule_option_the_program_set_otherwise_keeps_the_programs(sandbox: San
     keep = (
         f"autoalloc: the call at {train}:5 sets garbage_collection_threshold:0.7, rule mine "
         "wants garbage_collection_threshold:0.8; keeping garbage_collection_threshold:0.7 "
-        '(set on_conflict = "override" to replace it)'
+        "(the program's own setting at run time, which on_conflict does not replace)"
     )
     assert next(w for w in autoalloc_warnings(result.stderr) if "garbage" in w).endswith(keep)
+
+
+def test_override_never_replaces_what_the_program_set_at_run_time(sandbox: Sandbox) -> None:
+    policy = ('on_conflict = "override"\n' + TRAINING_RULE
+              + "allocator = { garbage_collection_threshold = 0.8 }\n")
+    probe, result = _run(sandbox, policy, "optimizer", "garbage_collection_threshold:0.6")
+    assert probe["getter"] == f"garbage_collection_threshold:0.6,{ES}", result.stderr
+    said = [w for w in autoalloc_warnings(result.stderr) if "garbage" in w]
+    assert len(said) == 1 and 'on_conflict = "override"' not in said[0], said
 
 
 # ------------------------------------------------------------------ program 4: runtime refusal
