@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import field, replace
 from types import ModuleType
 
@@ -27,6 +27,7 @@ from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
 from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
+from autoalloc.wrappers import Unwrapped
 
 
 @record
@@ -218,13 +219,41 @@ def _on_finding(finding) -> None:
 
         STATE.plan = _late(decide)
         commit(STATE.plan.decision)
+        off = _still_off(STATE.plan.decision)
+        if off is not None:  # the program's refusal, a backend that ignores it, torch's error
+            messages.debug(f"adaptive = apply: expandable_segments stays off: {off}")
+            return
         if STATE.torch_module is not None:
             STATE.torch_module.cuda.empty_cache()  # the cached non-expandable segments go back
         message = adaptive.applied_message(finding)
     else:
         message = adaptive.advice(finding, getattr(sys, "orig_argv", sys.argv))
     if messages.not_yet_said([f"autoalloc adaptive {policy.adaptive.value}"]):
-        messages.warn(message)  # on global rank 0 only, as every warning
+        messages.warn(message, skip=_torch_frames())  # on global rank 0 only, as every warning
+
+
+def _still_off(decision: Decision) -> str | None:
+    """Why a late apply left expandable segments off (None: torch took them on)."""
+    if decision.action != "apply" or decision.setter_value is None:
+        return "nothing was written"
+    if STATE.setter_error:
+        return f"torch rejected {decision.setter_value!r} ({STATE.setter_error})"
+    backend = allocconf.value_in(decision.value, "backend")
+    if backend in allocconf.ASYNC_BACKENDS:
+        return f"backend:{backend} ignores it"
+    if not allocconf.segments_on(decision.setter_value):
+        return "the settings in effect keep it off (the program's choice)"
+    return None
+
+
+def _torch_frames() -> tuple[str, ...]:
+    """Late (torch loaded: the first optimizer, a step hook), torch's frames are not the
+    user's either: a warning lands on the program's ``SGD(...)`` line, not in torch/optim."""
+    if STATE.torch_module is None:
+        return ()
+    from autoalloc import guards
+
+    return guards._skip()
 
 
 def commit(decision: Decision) -> None:
@@ -242,37 +271,40 @@ def commit(decision: Decision) -> None:
             f"autoalloc: torch rejected the allocator settings {decision.setter_value!r}: "
             f"{STATE.setter_error}"
         )
-    argv = getattr(sys, "orig_argv", None) or getattr(sys, "argv", None) or []
-    if many_node_agent(argv, os.environ):
+    program = STATE.plan.program if STATE.plan is not None else None
+    if many_node_agent(program, os.environ):
         # One agent per node: none of them knows whether its node holds global rank 0, so
         # each leaves the job's warnings to its workers, where only global rank 0 speaks.
         _defer(messages.not_yet_said(said, mark=False))
     else:
+        skip = _torch_frames()
         for message in messages.not_yet_said([*said, *_deferred()]):
-            messages.warn(message)
+            messages.warn(message, skip=skip)
     messages.debug(decision.summary())
     for note in decision.notes:
         messages.debug(f"note: {note}")
 
 
-LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch", "torchrun")
-
-
-def many_node_agent(argv: Sequence[str], env: Mapping[str, str]) -> bool:
-    """Whether this process is a torchrun agent of a job on more than one node (``--nnodes 2``,
-    ``--nnodes=1:4``): its workers, not it, know the global ranks."""
-    if "RANK" in env:
+def many_node_agent(program: Unwrapped | None, env: Mapping[str, str]) -> bool:
+    """Whether this process is a launcher's agent (torchrun) for a job on more than one node
+    (``--nnodes 2``, ``--nnodes=1:4`` among the launcher's own arguments, not the program's):
+    its workers, not it, know the global ranks."""
+    if "RANK" in env or program is None:
         return False
-    words = list(argv)
-    if not any(w in LAUNCHERS or os.path.basename(w) == "torchrun" for w in words[:4]):
+    step = program.launcher()
+    if step is None:
         return False
-    for i, word in enumerate(words):
-        value = word.partition("=")[2] if word.startswith("--nnodes=") else None
-        if word == "--nnodes" and i + 1 < len(words):
-            value = words[i + 1]
-        if value is not None:
-            return value.strip() not in ("1", "1:1")
-    return False
+    at = program.steps.index(step)
+    inner = program.steps[at + 1].entry if at + 1 < len(program.steps) else program.entry
+    args = step.entry.args
+    own = args[: max(len(args) - len(inner.args), 0)]  # the program's arguments are not its
+    value = None
+    for i, word in enumerate(own):  # the last one wins, as with argparse
+        if word.startswith("--nnodes="):
+            value = word.partition("=")[2]
+        elif word == "--nnodes" and i + 1 < len(own):
+            value = own[i + 1]
+    return value is not None and value.strip() not in ("1", "1:1")
 
 
 def _defer(fresh: list[str]) -> None:

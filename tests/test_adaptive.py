@@ -266,3 +266,16 @@ def test_adaptive_next_to_the_recorder_on_a_real_run(sandbox):
     (report,) = reports.glob("*.json")
     assert json.loads(report.read_text())["steps"] == 100
     assert autoalloc_warnings(result.stderr) == []
+
+
+def test_apply_claims_nothing_where_the_program_refused_at_run_time(sandbox):
+    from tests.helpers import autoalloc_warnings, probe_result
+
+    sandbox.write("autoalloc.toml", 'adaptive = "apply"\n')
+    refuse = "torch.cuda.memory._set_allocator_settings('expandable_segments:False')\n"
+    sandbox.script("train.py", "import torch\n" + refuse + textwrap.dedent(FOUND))
+    result = sandbox.run(["train.py"], env={"AUTOALLOC_DEBUG": "1"})
+    assert result.returncode == 0, result.stderr
+    assert probe_result(result.stdout)["getter"] == "expandable_segments:False"
+    assert autoalloc_warnings(result.stderr) == [], result.stderr
+    assert "expandable_segments stays off" in result.stderr

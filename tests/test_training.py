@@ -378,3 +378,22 @@ def test_explain_trains(sandbox: Sandbox) -> None:
     assert explain("--import", "soundfile", "--trains")["decision"]["action"] == "none"  # no text
     assert explain("--import", "soundfile", "--import", "vllm", "--trains")["decision"]["action"] == "skip"
     assert trained["adaptive"] == {"value": "off", "from": "default"}
+
+
+def test_a_warning_at_the_first_optimizer_names_the_programs_line(sandbox: Sandbox) -> None:
+    sandbox.user_policy(
+        '[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n'
+        "allocator = { garbage_collection_threshold = 0.8 }\n"
+    )
+    train = sandbox.script("train.py", """
+        import json
+        import torch
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    """)
+    env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}
+    result = sandbox.run(["train.py"], env=env)
+    assert_applied(result, expected=f"garbage_collection_threshold:0.6,{ES}")
+    (warning,) = autoalloc_warnings(result.stderr)
+    assert "keeping garbage_collection_threshold:0.6" in warning
+    assert f"{train}:5: AutoallocWarning" in result.stderr, result.stderr

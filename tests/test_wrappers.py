@@ -657,3 +657,27 @@ def test_explain_shows_the_unwrapped_program(tmp_path) -> None:
     assert [w["name"] for w in report["wrappers"]] == ["coverage", "torchrun"]
     assert report["launcher"]["target"] == "torch.distributed.run"
     assert "as seen by the workers of torch.distributed.run" in render(report)
+
+
+@pytest.mark.parametrize("argv, agent", [
+    (["-m", "torch.distributed.run", "--nnodes", "2", "train.py"], True),
+    (["-m", "torch.distributed.run", "--nnodes=2", "train.py"], True),
+    (["-m", "torch.distributed.run", "--nnodes", "1:2", "train.py"], True),
+    (["-m", "torch.distributed.run", "--nnodes=1:1", "train.py"], False),
+    # the training script's own --nnodes is not the launcher's
+    (["-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py", "--nnodes", "2"], False),
+    (["-m", "torch.distributed.run", "--nnodes", "1", "train.py", "--nnodes=4"], False),
+    # the launcher further in than argv[:4], inside a profiler
+    (["-m", "cProfile", "-o", "out.prof", "-m", "torch.distributed.run", "--nnodes", "2",
+      "train.py"], True),
+    (["train.py", "--launcher", "torchrun", "--nnodes", "2"], False),  # no launcher at all
+])
+def test_the_agent_reads_nnodes_from_the_launchers_own_arguments(
+    tmp_path, argv: list[str], agent: bool
+) -> None:
+    from autoalloc import hook
+
+    (tmp_path / "train.py").write_text("")
+    program = unwrap(parse([PY, *argv], str(tmp_path)), sources.builtin_wrappers(), str(tmp_path))
+    assert hook.many_node_agent(program, {}) is agent, program.describe()
+    assert hook.many_node_agent(program, {"RANK": "0"}) is False
