@@ -39,7 +39,11 @@ def closest(word: object, choices: Iterable[str]) -> str | None:
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
     """`` — did you mean 'x'?`` for the closest of ``choices`` to ``word``, or ``""``."""
-    meant = closest(word, choices)
+    return meaning(closest(word, choices))
+
+
+def meaning(meant: str | None) -> str:
+    """`` — did you mean 'x'?`` for ``meant`` found by ``closest``, or ``""`` for None."""
     return f" \N{EM DASH} did you mean {meant!r}?" if meant else ""
 
 

@@ -14,12 +14,12 @@ Pure: plain TOML data in, plain checked data out. ``policy`` builds its records 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal
 
 from autoalloc import allocconf
-from autoalloc.messages import closest, did_you_mean, shortened
+from autoalloc.messages import closest, did_you_mean, meaning, shortened
 from autoalloc.records import record
 
 MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
@@ -168,11 +168,22 @@ def _known_first(
     """The known keys of ``data`` (file order); a problem for each unknown key, first."""
     for key in data:
         if key not in fields:
-            hint = did_you_mean(key, fields)
+            hint = _hint(key, fields, problems)
             if key == "trusted_dirs":
                 hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
             problems.append(Problem(f"{_at(where)}unknown key {shortened(key)}{hint}", cost(key)))
     return [(key, value) for key, value in data.items() if key in fields]
+
+
+# A file's warning shows its first 3 problems and counts the rest: a did-you-mean (difflib,
+# slow for many keys) is looked for in a layer's first problems only, so that a file of
+# thousands of mistyped keys still loads at once.
+HINTED = 20
+
+
+def _hint(word: object, choices: Iterable[str], problems: Sequence[Problem]) -> str:
+    """``did_you_mean`` while ``problems`` (one layer's so far) are few; else ``""``."""
+    return did_you_mean(word, choices) if len(problems) < HINTED else ""
 
 
 def _at(where: str) -> str:
@@ -259,9 +270,7 @@ def allocator(value: object, where: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, item in value.items():
         if key not in allocconf.KEYS:
-            hint = did_you_mean(key, allocconf.KEYS)
-            rule = where.rpartition(": ")[0]  # 'rule 2 ("x")' from 'rule 2 ("x"): allocator'
-            raise PolicyError(f"{_at(rule)}unknown allocator option {shortened(key)}{hint}")
+            raise PolicyError(_unknown_option(key, where, closest(key, allocconf.KEYS)))
         try:
             out[key] = allocconf.serialize_value(key, item)
         except allocconf.ConfError as exc:
@@ -277,22 +286,37 @@ def _kept_options(options: dict, where: str, problems: list[Problem]) -> dict[st
     """The options of an allocator table that are valid, one after the other."""
     kept: dict[str, object] = {}
     for key, value in options.items():
+        known = key in allocconf.KEYS
+        # one closest() per unknown key (hint and default both), and only for the first ones
+        meant = key if known else _meant(key, problems)
         try:
+            if not known:  # checked first: no table is built for each of many mistyped keys
+                raise PolicyError(_unknown_option(key, where, meant))
             allocator({**kept, key: value}, where)
             kept[key] = value
         except PolicyError as exc:
-            why = _default_instead(key, options)
+            why = _default_instead(key, meant, options)
             problems.append(Problem(str(exc), f"The option {shortened(key)} is ignored{why}."))
     return allocator(kept, where)
 
 
-def _default_instead(key: str, options: Mapping[str, object]) -> str:
-    """Where the option meant by an ignored ``key`` comes from instead, when it has a default.
+def _meant(key: str, problems: Sequence[Problem]) -> str | None:
+    """The allocator option a mistyped ``key`` likely means, while ``problems`` are few."""
+    return closest(key, allocconf.KEYS) if len(problems) < HINTED else None
+
+
+def _unknown_option(key: str, where: str, meant: str | None) -> str:
+    rule = where.rpartition(": ")[0]  # 'rule 2 ("x")' from 'rule 2 ("x"): allocator'
+    return f"{_at(rule)}unknown allocator option {shortened(key)}{meaning(meant)}"
+
+
+def _default_instead(key: str, meant: str | None, options: Mapping[str, object]) -> str:
+    """Where the option ``meant`` by an ignored ``key`` comes from instead, when it has a
+    default.
 
     A mistyped or invalid ``expandable_segments`` leaves the built-in default in effect, so a
     run shows ``expandable_segments:True`` beside the warning: say so, not to puzzle.
     """
-    meant = key if key in allocconf.KEYS else closest(key, allocconf.KEYS)
     if meant not in DEFAULT_ALLOCATOR or (meant != key and meant in options):
         return ""
     default = f"{meant}:{DEFAULT_ALLOCATOR[meant]}"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import __version__, cli, decide, sources
+from autoalloc import __version__, cli, decide, schema, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.explain import explain, render
 from autoalloc.policy import LayerConfig, Source, salvage, summarize, validate
@@ -309,3 +309,33 @@ def test_doctor_headline(sandbox: Sandbox) -> None:
         '"autoalloc explain -- CMD" or "autoalloc ab -- CMD"'
     )
 
+
+
+# -- a file of thousands of mistakes: did-you-mean only for the first problems ---------------
+
+
+@pytest.mark.parametrize("mistyped", ["disable", "allocator.expandable_segment"])
+def test_many_mistyped_keys_look_for_few_close_matches(
+    mistyped: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """4,000 mistyped keys: difflib is asked for the first problems of the layer only (each
+    search takes milliseconds; one per key, twice in [allocator], took seconds at startup)."""
+    import difflib
+
+    calls: list[str] = []
+    real = difflib.get_close_matches
+
+    def counted(word: str, *args: object, **kwargs: object) -> list[str]:
+        calls.append(word)
+        return real(word, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(difflib, "get_close_matches", counted)
+    path = tmp_path / "autoalloc.toml"
+    keys = "".join(f"{mistyped}{i} = true\n" for i in range(4000))
+    path.write_text(keys + 'allocator.expandable_segment = true\n')
+    status = sources.load_file("user", str(path))
+    assert status.status == "found"
+    assert "(3998 more: run `autoalloc check`.)" in status.message
+    assert len(calls) <= 2 * schema.HINTED
+    # the problems shown still say what was meant
+    assert "did you mean" in status.message
