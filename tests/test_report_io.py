@@ -12,6 +12,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -252,6 +253,32 @@ def test_truncated_and_binary_files_are_named_with_what_is_wrong(tmp_path: Path)
     assert verdicts["b.json"].why == "binary, not a report"
 
 
+def test_a_bad_line_skips_itself_only_and_is_counted(tmp_path: Path) -> None:
+    """A truncated line (a writer killed) and a foreign object among the lines: the reports
+    after them are read too, and the verdict says how many parts were skipped."""
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join([
+        report_line(pid=1), report_line(pid=2)[:-20], report_line(pid=3),
+        json.dumps({"schema": "something/else"}), report_line(pid=4),
+    ]) + "\n")
+    verdict = reports.read_file(str(path))
+    assert [r["pid"] for r in verdict.reports] == [1, 3, 4]
+    assert verdict.outcome == "skipped"
+    assert verdict.why.startswith("line 2: truncated")
+    assert verdict.why.endswith("; 2 parts skipped in all")
+    assert verdict.line().endswith("(3 reports read)")
+
+
+def test_an_indented_report_then_appended_lines_are_all_read(tmp_path: Path) -> None:
+    """An older autoalloc's indented report, then lines a newer one appended to the file."""
+    path = tmp_path / "r.json"
+    old = json.dumps(json.loads(report_line(pid=1)), indent=2)
+    path.write_text(old + "\n" + report_line(pid=2) + "\n" + report_line(pid=3) + "\n")
+    verdict = reports.read_file(str(path))
+    assert (verdict.outcome, verdict.why) == ("ok", "")
+    assert [r["pid"] for r in verdict.reports] == [1, 2, 3]
+
+
 def test_a_fifo_never_blocks_the_reader(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "good.json").write_text(report_line())
     os.mkfifo(tmp_path / "pipe.json")  # nobody ever writes it
@@ -288,3 +315,38 @@ def test_report_table_on_cpu_says_cuda_columns_need_cuda_and_what_es_is(
     out = capsys.readouterr().out
     assert "ES: expandable_segments" in out
     assert "did not use CUDA, so they show -" in out
+
+
+# ---------------------------------------------------------------- the writer and a signal
+
+
+def test_signal_during_the_exit_write_waits_for_it_and_never_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM while the exit-time write holds the file's flock: the handler's own write would
+    open a second descriptor and wait for that lock forever. It waits for the write instead:
+    both reports are there, the signal's last, and the handler before it still runs."""
+    import fcntl
+
+    import torch
+
+    target = tmp_path / "r.json"
+    rec = recorder.Recorder(torch, str(target), warmup=1, stop_after=None)
+    rec.steps = 1
+    chained: list[int] = []
+    real_flock, real_write_all = fcntl.flock, recorder._write_all
+
+    def never_waits(fd: int, op: int) -> None:  # a wait for a held lock fails the test at once
+        real_flock(fd, op | fcntl.LOCK_NB if op == fcntl.LOCK_EX else op)
+
+    def signalled(fd: int, data: bytes) -> None:  # SIGTERM comes in the middle of the write
+        monkeypatch.setattr(recorder, "_write_all", real_write_all)
+        rec.on_signal(lambda signum, frame: chained.append(signum), signal.SIGTERM, None)
+        real_write_all(fd, data)
+
+    monkeypatch.setattr(fcntl, "flock", never_waits)
+    monkeypatch.setattr(recorder, "_write_all", signalled)
+    rec.write()
+    lines = target.read_text().splitlines()
+    assert [json.loads(line)["ended_by"] for line in lines] == ["exit", "SIGTERM"]
+    assert chained == [signal.SIGTERM]

@@ -61,21 +61,6 @@ def _int_env(name: str, default: int | None) -> int | None:
         return default
 
 
-def absolute(target: str) -> str:
-    """``target`` against the working directory as it is now (``-`` stays ``-``).
-
-    The startup hook does this at interpreter start (``_startup.pin_report``), so a trainer
-    that changes directory (Hydra's ``outputs/DATE/TIME``) still writes where it was asked;
-    this catches a process where the hook did not run.
-    """
-    if target == "-" or os.path.isabs(target):
-        return target
-    try:
-        return os.path.join(os.getcwd(), target)
-    except OSError:  # the working directory is gone: the relative name is all there is
-        return target
-
-
 def report_path(target: str, pid: int, ranks: dict[str, int]) -> str | None:
     """Where this process writes: None for stderr; a file inside a directory target."""
     if target == "-":
@@ -270,6 +255,10 @@ class Recorder:
         self.samples = 0
         self.ending: Ending | None = None
         self.last_progress = 0.0
+        # A signal that comes while this process writes its report waits for the write to end:
+        # the handler's own write would wait forever for the flock the interrupted one holds.
+        self.writing = False
+        self.deferred: tuple[Any, int, Any] | None = None
 
     # ------------------------------------------------------------------ per step
 
@@ -378,15 +367,24 @@ class Recorder:
         self.ending = ending
         if self.skip_writing():
             return
+        self.writing = True
         try:
             text = json.dumps(self.as_dict(), separators=(",", ":"))
             emit(report_path(self.target, self.pid, rank_vars()), text)
         except Exception as exc:
             _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
+        finally:
+            self.writing = False
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            self.on_signal(*deferred)  # the signal that came while writing, handled now
 
     # ------------------------------------------------------------------ signals
 
     def on_signal(self, previous: Any, signum: int, frame: Any) -> Any:
+        if self.writing:  # in the middle of a write, which handles the signal when done
+            self.deferred = (previous, signum, frame)
+            return None
         self.write("SIGTERM" if signum == signal.SIGTERM else "SIGINT")
         if callable(previous):
             return previous(signum, frame)  # e.g. Python's KeyboardInterrupt for SIGINT
@@ -424,7 +422,9 @@ def install(torch: Any | None = None) -> Recorder | None:
         return None
     if RECORDER is not None:
         return RECORDER
-    target = absolute(target)
+    # A relative target is already absolute here: the startup hook pinned it at interpreter
+    # start (``_startup.pin_report``), before it armed the watcher that calls this at `import
+    # torch`, so a trainer that changes directory (Hydra) still writes where it was asked.
     torch = torch if torch is not None else sys.modules["torch"]
     import torch.optim.optimizer as optimizer_module
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal
 
@@ -58,7 +59,8 @@ class Verdict:
         if self.outcome == "ok":
             text = f"{count} report{'' if count == 1 else 's'}"
         else:
-            text = f"{self.why}" + (f" ({count} reports read before it)" if count else "")
+            read = f" ({count} report{'' if count == 1 else 's'} read)" if count else ""
+            text = f"{self.why}{read}"
         return printable(f"{self.path}: {text}")
 
 
@@ -102,37 +104,69 @@ def _why_not_json(text: str, exc: Exception) -> str:
     return f"not JSON ({str(exc)[:80]})"
 
 
+# (line number, the value, why it is no JSON value: None when it is one)
+Piece = tuple[int, object, "str | None"]
+_NOT_SPACE = re.compile(r"\S")
+
+
+def _values(text: str) -> Iterator[Piece]:
+    """The JSON values of a file, one after the other, whatever whitespace is between them
+    (one per line, or an indented one followed by appended lines); after a piece that is no
+    JSON, reading goes on at the next line that starts with ``{``."""
+    decoder = json.JSONDecoder()
+    pos, number, counted = 0, 1, 0
+    while (found := _NOT_SPACE.search(text, pos)) is not None:
+        pos = found.start()
+        number, counted = number + text.count("\n", counted, pos), pos
+        try:
+            value, pos = decoder.raw_decode(text, pos)
+        except (ValueError, RecursionError) as exc:
+            after = text.find("\n{", pos)
+            piece = text[pos : after if after >= 0 else len(text)]
+            why = "nested too deeply" if isinstance(exc, RecursionError) else None
+            yield number, None, why or _why_not_json(piece, exc)
+            if after < 0:
+                return
+            pos = after + 1
+            continue
+        yield number, value, None
+
+
+def _lines(text: str) -> Iterator[Piece]:
+    """A job's stderr: its lines that start as a JSON object does (the others are the
+    program's)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith('{"'):
+            try:
+                yield number, _parse(line), None
+            except ValueError as exc:
+                yield number, None, _why_not_json(line, exc)
+
+
 def parse_text(path: str, text: str, stream: bool = False) -> Verdict:
-    """The reports in a file's text: one indented object, or one object per line.
+    """The reports in a file's text: JSON values one after the other (one object per line, an
+    older autoalloc's indented object, or both), each piece that is no report skipped and
+    counted.
 
     ``stream``: the text is a job's stderr, whose lines that are no JSON object are the
-    program's, not damage.
+    program's, not damage; nor is a JSON line that is no report.
     """
-    if not stream:
-        try:
-            whole = _parse(text)
-        except ValueError:
-            pass
-        else:
-            why = problem(whole)
-            return Verdict(path, "skipped", why=why) if why else Verdict(path, "ok", [whole])
     verdict = Verdict(path, "ok")
-    lines = [line for line in text.splitlines() if line.strip()]
-    for number, line in enumerate(lines, 1):
-        if stream and not line.lstrip().startswith('{"'):
-            continue
-        try:
-            value = _parse(line)
-        except ValueError as exc:
-            verdict.outcome, verdict.why = "skipped", f"line {number}: {_why_not_json(line, exc)}"
-            return verdict
-        why = problem(value)
-        if why and not stream:
-            verdict.outcome, verdict.why = "skipped", f"line {number}: {why}"
-            return verdict
-        if not why:
+    skipped: list[str] = []
+    for number, value, why in _lines(text) if stream else _values(text):
+        if why is None:
+            why = problem(value)
+            if why and stream:
+                continue
+        if why:
+            skipped.append(f"line {number}: {why}")
+        else:
             verdict.reports.append(value)  # type: ignore[arg-type]
-    if not verdict.reports:
+    if skipped:
+        verdict.outcome = "skipped"
+        count = len(skipped)
+        verdict.why = f"{skipped[0]}; {count} part{'' if count == 1 else 's'} skipped in all"
+    elif not verdict.reports:
         verdict.outcome = "skipped"
         verdict.why = "no report in it" if text.strip() else "empty"
     return verdict
