@@ -51,7 +51,8 @@ LIMIT=${GPU_CHECK_LIMIT:-560}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-rm -f "$OUT"/*.json "$OUT"/*.png
+# this script's own results from an earlier run, by name: OUT may hold anything else
+for name in quick ab full; do rm -f "$OUT/$name.json" "$OUT/$name.png"; done
 exec > >(tee "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1
 START=$SECONDS

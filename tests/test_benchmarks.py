@@ -336,3 +336,22 @@ def test_tiny_model_step_on_cpu() -> None:
     x = torch.randn(2, 301, cfg["n_mels"])
     logits, lengths = net(x, torch.tensor([301, 250]))
     assert logits.shape == (2, 76, cfg["vocab"] + 1) and lengths.tolist() == [76, 63]
+
+
+def test_gpu_check_clears_only_its_own_results_in_out(tmp_path: Path) -> None:
+    """OUT is the user's folder: an earlier run's quick/ab/full results go, nothing else.
+
+    The run stops at its first step (no torch in PYTHON), after clearing OUT.
+    """
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("quick.json", "ab.png", "full.json", "mine.json", "plot.png"):
+        (out / name).write_text("{}")
+    (tmp_path / "home").mkdir()
+    env = {**clean_env(tmp_path), "OUT": str(out), "PYTHON": "false", "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh")],
+        env=env, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log", "mine.json", "plot.png"]
