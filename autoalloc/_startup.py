@@ -1,8 +1,8 @@
 """Arm autoalloc at interpreter start: opt-out checks and an import watcher for ``torch``.
 
 Every Python process in the environment runs ``main()`` (from ``autoalloc.pth``, or
-``autoalloc.start`` on Python 3.15+), so this module only touches ``sys`` and ``os``,
-which the interpreter has already loaded, and does no work until ``torch`` is imported.
+``autoalloc.start`` on Python 3.15+), so this module only touches ``sys``, ``os`` and
+``_thread``, which the interpreter has already loaded, and does no work until ``torch`` is imported.
 It never raises, never prints (except under ``AUTOALLOC_DEBUG``), never exits.
 
 The wheel ships this file twice: as ``autoalloc._startup`` and as the top-level module
@@ -16,15 +16,13 @@ module alive through the armed watcher until late interpreter shutdown, which co
 import sys
 from _thread import get_ident  # built in, loaded by importlib's bootstrap before site runs
 
-# The environment variables this module reads: its own copies of autoalloc.envvars' names (it
-# must import nothing of the package); tests/test_layout.py checks that they agree.
+# The environment variables this module reads, and only those: its own copies of
+# autoalloc.envvars' names (it must import nothing of the package); tests/test_layout.py
+# checks that they agree and that each is used.
 DISABLE_VAR = "AUTOALLOC_DISABLE"  # switch autoalloc off for this process and its children
 DEBUG_VAR = "AUTOALLOC_DEBUG"  # trace each decision to stderr
-CONFIG_VAR = "AUTOALLOC_CONFIG"  # the highest policy layer: a file named by the user
-TRUSTED_DIRS_VAR = "AUTOALLOC_TRUSTED_DIRS"  # project files below these are used whoever owns them
-APPLIED_VAR = "AUTOALLOC_APPLIED"  # "rule;value" autoalloc applied: children know it as theirs
 ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"  # JSON: the allocator variables before autoalloc wrote them
-WARNED_VAR = "AUTOALLOC_WARNED"  # digests of the warnings this job has already given
+REPORT_VAR = "AUTOALLOC_REPORT"  # write a report of the optimizer steps at exit (file, dir, -)
 
 _TRUE = ("1", "true", "yes", "on")
 
@@ -153,13 +151,14 @@ def _trace(message: str) -> None:
 def pin_report(env) -> None:
     """A relative ``AUTOALLOC_REPORT`` made absolute now, against the directory the program
     started in: a trainer that changes directory later (Hydra) and its children, wherever
-    they run, write where the user meant."""
+    they run, write where the user meant. The one place this is done: the recorder is armed
+    only at an `import torch` the watcher that ``main`` installs afterwards sees."""
     import os
 
-    target = env["AUTOALLOC_REPORT"]
+    target = env[REPORT_VAR]
     if target and target != "-" and not os.path.isabs(target):
         try:
-            env["AUTOALLOC_REPORT"] = os.path.join(os.getcwd(), target)
+            env[REPORT_VAR] = os.path.join(os.getcwd(), target)
         except OSError:
             pass
 
@@ -175,10 +174,10 @@ def main() -> None:
         # variables, which the watcher then restores at `import torch`, or AUTOALLOC_REPORT
         # asks for a report (the "off" arm of `autoalloc ab`).
         env = os.environ
-        if "AUTOALLOC_REPORT" in env:
+        if REPORT_VAR in env:
             pin_report(env)
-        if truthy(env.get("AUTOALLOC_DISABLE")):
-            if "AUTOALLOC_ORIGINAL" not in env and "AUTOALLOC_REPORT" not in env:
+        if truthy(env.get(DISABLE_VAR)):
+            if ORIGINAL_VAR not in env and REPORT_VAR not in env:
                 return
         meta_path = sys.meta_path
         for finder in meta_path:

@@ -354,9 +354,9 @@ def _find(start: str | None, trusted: Sequence[str] | None) -> LayerStatus | Non
 def find_project(start: str | None) -> LayerStatus | None:
     """The nearest project policy searched upward from ``start``, without ownership checks.
 
-    ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory (``with_shadow``
-    names the table that leaves unread); a ``pyproject.toml`` without ``[tool.autoalloc]``
-    does not count.
+    ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
+    ``pyproject.toml`` without ``[tool.autoalloc]`` does not count. Unlike the project layer
+    of ``read_layers``, its message does not name the table the winner leaves unread.
     """
     return _find(start, None)
 

@@ -138,6 +138,35 @@ def test_startup_copies_of_the_names_agree() -> None:
     assert literals and literals <= named, literals - named
 
 
+def test_startup_names_the_variables_it_reads_and_only_those() -> None:
+    """Each ``*_VAR`` of ``_startup`` is read there, and a variable is always read by its name,
+    never typed again as a literal (a copy that nothing reads drifts unnoticed)."""
+    tree = ast.parse((PACKAGE / "_startup.py").read_text(encoding="utf-8"))
+    defined = {k for k in vars(_startup) if k.endswith("_VAR")}
+    used = {
+        node.id for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    assert defined - used == set()
+    assigned = {
+        id(node.value) for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+    }
+    typed = [
+        node.value for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and str(node.value).startswith("AUTOALLOC_")
+        and id(node) not in assigned
+    ]
+    assert typed == []
+    imported = {
+        alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module)])
+    }
+    imported.discard("autoalloc")  # the package itself, at `import torch` only
+    intro = (ast.get_docstring(tree) or "").split("\n\n")[1]
+    assert all(f"``{name}``" in intro for name in imported), (imported, intro)
+
+
 @pytest.mark.parametrize("value", [None, "", "1", "0", " TRUE ", "yes", "On", "no", "2", "off"])
 def test_startup_truthy_agrees(value: str | None) -> None:
     assert _startup.truthy(value) == envvars.truthy(value)
