@@ -128,12 +128,7 @@ def _file_problems(path: str) -> list[str]:
 def _dead_triggers(rules: Sequence[Rule]) -> list[str]:
     from autoalloc import selfimports
 
-    out = []
-    for rule in rules:
-        names = selfimports.never_triggers(rule.imports)
-        if names:
-            out.append(selfimports.message(rule.name, names))
-    return out
+    return [text for rule in rules for text in selfimports.messages(rule)]
 
 
 def _cmd_check(args: argparse.Namespace) -> int:

@@ -153,9 +153,7 @@ def explain(
         }
     if result.policy is not None:
         report["never_triggers"] = [
-            selfimports.message(rule.name, names)
-            for rule in result.policy.rules
-            if (names := selfimports.never_triggers(rule.imports))
+            text for rule in result.policy.rules for text in selfimports.messages(rule)
         ]
     if result.decision.action == "none" and result.policy is not None:
         report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))

@@ -1,9 +1,11 @@
-"""The modules autoalloc itself imports to decide at ``import torch``: no ``imports`` trigger.
+"""The modules autoalloc itself imports to decide at ``import torch``: no rule's import list
+(``imports``, ``also_imports``, ``not_imports``, ``not_imports_unless``) can name one.
 
 An ``imports`` rule fires when the program really imports the module (its code executes).
 A module autoalloc's own decision already imported (to read TOML, find config directories,
 match globs) is in ``sys.modules`` before the program asks for it, so the program's later
-``import json`` executes nothing and can never fire the rule. ``check`` and ``explain`` name
+``import json`` executes nothing and can never fire the rule (nor hold, exclude or outweigh
+anything as one of its other import lists). ``check`` and ``explain`` name
 such a rule; the hook traces it under ``AUTOALLOC_DEBUG``. The set is what
 ``python -c "import torch"`` with the hook imported on CPython 3.11 (tests keep it complete
 for the interpreter they run on), plus ``tomli``, which older Pythons use instead of tomllib.
@@ -12,6 +14,7 @@ for the interpreter they run on), plus ``tomli``, which older Pythons use instea
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 SELF_IMPORTS = frozenset(
     """
@@ -38,11 +41,30 @@ def never_triggers(imports: Iterable[str]) -> list[str]:
     return [n for n in imports if n in SELF_IMPORTS or n == own[0] or n.startswith(own[1])]
 
 
-def message(rule: str, names: Iterable[str]) -> str:
-    """What ``check`` and ``explain`` say about such a rule."""
+# what each import list of a rule does, which a module autoalloc imports can never do
+EFFECTS = {
+    "imports": "trigger it",
+    "also_imports": "complete its imports trigger",
+    "not_imports": "keep it from applying",
+    "not_imports_unless": "outweigh its not_imports",
+}
+
+
+def messages(rule: Any) -> list[str]:
+    """What ``check`` and ``explain`` say about each import list of ``rule`` (a policy Rule)
+    that names such modules."""
+    return [
+        message(rule.name, names, key)
+        for key in EFFECTS
+        if (names := never_triggers(getattr(rule, key)))
+    ]
+
+
+def message(rule: str, names: Iterable[str], key: str = "imports") -> str:
+    """What ``check`` and ``explain`` say about such names in a rule's ``key`` list."""
     shown = ", ".join(repr(n) for n in names)
     return (
-        f"rule {rule}: imports {shown} can never trigger it: autoalloc itself imports "
+        f"rule {rule}: {key} {shown} can never {EFFECTS[key]}: autoalloc itself imports "
         "that module to decide, before the program does; name a module of the program "
         "(a toolkit's or your own) instead"
     )

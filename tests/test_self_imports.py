@@ -53,3 +53,30 @@ def test_never_triggers() -> None:
         "platformdirs",
     ]
     assert never_triggers(["json.tool", "autoalloc.hook", "wave"]) == ["autoalloc.hook"]
+
+
+def test_check_and_explain_name_every_import_list_that_names_such_a_module(
+    sandbox: Sandbox,
+) -> None:
+    """``also_imports``, ``not_imports`` and ``not_imports_unless`` are as dead as ``imports``
+    when they name a module autoalloc imports: the program's import of it is never seen."""
+    sandbox.write("autoalloc.toml", """\
+[[rules]]
+name = "lists"
+imports = ["mytoolkit.asr"]
+also_imports = ["re", "mytoolkit.ctc"]
+not_imports = ["tomllib"]
+not_imports_unless = ["platformdirs"]
+""")
+    check = sandbox.run(["-m", "autoalloc", "check", "autoalloc.toml"])
+    assert check.returncode == 1
+    for named in (
+        "also_imports 're' can never complete its imports trigger",
+        "not_imports 'tomllib' can never keep it from applying",
+        "not_imports_unless 'platformdirs' can never outweigh its not_imports",
+    ):
+        assert f"rule lists: {named}" in check.stdout
+    assert "mytoolkit" not in check.stdout
+    sandbox.script("train.py", "import torch\n")
+    explain = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", "train.py"])
+    assert len(json.loads(explain.stdout)["never_triggers"]) == 3, explain.stdout
