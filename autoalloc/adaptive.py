@@ -1,12 +1,13 @@
 """``adaptive``: notice, in a running trainer, that the CUDA allocator re-allocates on most steps.
 
-The detector (``detect``) is a pure function of per-step allocator counters: the records
-``AUTOALLOC_REPORT``'s recorder keeps (``num_device_alloc``, ``num_device_free``,
-``num_alloc_retries`` deltas between optimizer steps, ``reserved``/``allocated`` bytes at the
-step boundary). ``Watch`` samples those counters at each optimizer step of a CUDA process (or
-reads the recorder's, when ``AUTOALLOC_REPORT`` is set), runs the detector, and on a finding
-calls back once: the hook then warns (``advise``) or turns the options on through the runtime
-setter and releases the cached segments (``apply``). On a CPU build nothing is registered.
+The detector (``detect``) is a pure function of per-step allocator counters: the records of
+``counters.StepSampler`` (``num_device_alloc``, ``num_device_free``, ``num_alloc_retries``
+deltas between optimizer steps, ``reserved``/``allocated`` bytes at the step boundary).
+``Watch`` samples those counters at each optimizer step of a CUDA process (or reads the
+sampler of ``AUTOALLOC_REPORT``'s recorder, which the hook passes in), runs the detector, and
+on a finding calls back once: the hook then warns (``advise``) or turns the options on
+through the runtime setter and releases the cached segments (``apply``). On a CPU build
+nothing is registered.
 
 Thresholds (docs/recognition.md, "Adaptive"), each with its reason:
 
@@ -26,14 +27,14 @@ Thresholds (docs/recognition.md, "Adaptive"), each with its reason:
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from autoalloc.counters import StepSampler
+
 Mode = Literal["off", "advise", "apply"]
 MODES: tuple[Mode, ...] = ("off", "advise", "apply")
-COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
 
 
 @dataclass(frozen=True)
@@ -123,18 +124,28 @@ def _script(command: Sequence[str]) -> str:
 
 
 class Watch:
-    """Per-step sampling of the allocator counters in a CUDA process, feeding ``detect``."""
+    """Per-step sampling of the allocator counters in a CUDA process, feeding ``detect``.
+
+    ``shared``: a sampler that already reads the counters at each step from no later than
+    the warm-up (the recorder's); the watch then judges its records and reads nothing itself.
+    """
 
     def __init__(self, torch: Any, on_finding: Callable[[Finding], None],
-                 limits: Thresholds = Thresholds()) -> None:
+                 limits: Thresholds = Thresholds(), shared: StepSampler | None = None) -> None:
         self.torch = torch
         self.on_finding = on_finding
         self.limits = limits
-        self.records: list[dict[str, int]] = []
-        self.previous: dict[str, int] | None = None
+        self.shared = shared is not None and shared.start <= limits.warmup
+        self.sampler = shared if shared is not None and self.shared else StepSampler(
+            limits.warmup, keep=limits.window  # only the last window is judged
+        )
         self.steps = 0
         self.handle: Any = None
         self.done = False
+
+    @property
+    def records(self) -> list[dict[str, int]]:
+        return self.sampler.records
 
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.done:
@@ -148,39 +159,20 @@ class Watch:
         self.steps += 1
         if self.steps < self.limits.warmup or not self.torch.cuda.is_initialized():
             return
-        records = self._recorder_records()
-        finding = self.observe(self.torch.cuda.memory_stats() if records is None else None, records)
+        stats = None if self.shared else self.torch.cuda.memory_stats()
+        finding = self.observe(stats)
         if finding is not None:
             self.stop()
             self.on_finding(finding)
 
-    def observe(
-        self, stats: Mapping[str, int] | None, records: list[dict[str, int]] | None = None
-    ) -> Finding | None:
-        """Take this step's ``memory_stats()`` (or the recorder's records); judge every 10 steps."""
-        if records is None:
-            records = self._sample(stats or {})
+    def observe(self, stats: Mapping[str, int] | None) -> Finding | None:
+        """Take this step's ``memory_stats()`` (None: the shared sampler took it); judge every
+        10 steps."""
+        if stats is not None:
+            self.sampler.add(self.steps, stats)
         if self.steps % 10 == 0 or self.steps == self.limits.warmup + self.limits.window:
-            return detect(records, self.limits)
+            return detect(self.sampler.records, self.limits)
         return None
-
-    def _recorder_records(self) -> list[dict[str, int]] | None:
-        recorder = getattr(sys.modules.get("autoalloc.ab.recorder"), "RECORDER", None)
-        if recorder is None or recorder.warmup > self.limits.warmup:
-            return None
-        return recorder.cuda_steps  # the recorder already read memory_stats at this step
-
-    def _sample(self, stats: Mapping[str, int]) -> list[dict[str, int]]:
-        now = {key: int(stats.get(key, 0)) for key in COUNTERS}
-        if self.previous is not None:
-            record = {key: now[key] - self.previous[key] for key in COUNTERS}
-            record["step"] = self.steps
-            record["reserved"] = int(stats.get("reserved_bytes.all.current", 0))
-            record["allocated"] = int(stats.get("allocated_bytes.all.current", 0))
-            self.records.append(record)
-            del self.records[: -self.limits.window]  # only the last window is judged
-        self.previous = now
-        return self.records
 
     def stop(self) -> None:
         self.done = True
@@ -189,12 +181,17 @@ class Watch:
             self.handle = None
 
 
-def install(torch: Any, on_finding: Callable[[Finding], None]) -> Watch | None:
-    """Watch this process's optimizer steps; None on a build without CUDA (nothing to watch)."""
+def install(
+    torch: Any, on_finding: Callable[[Finding], None], shared: StepSampler | None = None
+) -> Watch | None:
+    """Watch this process's optimizer steps; None on a build without CUDA (nothing to watch).
+
+    ``shared``: the recorder's sampler, when ``AUTOALLOC_REPORT`` records this process.
+    """
     if not getattr(torch.version, "cuda", None):
         return None
     import torch.optim.optimizer as optimizer_module
 
-    watch = Watch(torch, on_finding)
+    watch = Watch(torch, on_finding, shared=shared)
     watch.handle = optimizer_module.register_optimizer_step_post_hook(watch.on_step)
     return watch

@@ -385,12 +385,25 @@ def value_in(text: str | None, key: str) -> str | None:
         return last_value(parse(text), key)
     except ConfError:
         pass
-    toks = tokens(text)
-    found = None
-    for i in range(len(toks) - 2):
-        if toks[i] == key and toks[i + 1] == ":" and toks[i + 2] not in ",:[]":
-            found = toks[i + 2]
-    return found
+    pairs: list[tuple[str, str]] = []
+    for item in _top_level_items(text):
+        try:
+            pairs.extend(parse(item))
+        except ConfError:
+            break  # torch stops at the first option it cannot read
+    return last_value(pairs, key)
+
+
+def _top_level_items(text: str) -> list[str]:
+    """``text`` split at the commas outside ``[...]`` (tolerant of unbalanced brackets)."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth = depth + 1 if ch == "[" else max(depth - 1, 0) if ch == "]" else depth
+        if ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    items.append(text[start:])
+    return items
 
 
 def segments_on(text: str | None) -> bool:

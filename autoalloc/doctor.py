@@ -48,16 +48,6 @@ from autoalloc.messages import shortened
 from autoalloc.plan import first_apply_rule, plan
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
-# allocator option -> (key in _snapshot()["allocator_settings"], kind)
-_SNAPSHOT_KEYS = {
-    "expandable_segments": ("expandable_segments", "bool"),
-    "release_lock_on_cudamalloc": ("release_lock_on_cudamalloc", "bool"),
-    "pinned_use_cuda_host_register": ("pinned_use_cuda_host_register", "bool"),
-    "graph_capture_record_stream_reuse": ("graph_capture_record_stream_reuse", "bool"),
-    "pinned_num_register_threads": ("pinned_num_register_threads", "int"),
-    "garbage_collection_threshold": ("garbage_collection_threshold", "float"),
-    "max_split_size_mb": ("max_split_size", "mib"),
-}
 
 
 @dataclass
@@ -223,14 +213,10 @@ def _reported(
 ) -> tuple[str | None, str]:
     """torch's value for ``key`` as allocator text, and where it came from."""
     snapshot = reports.get("snapshot")
-    if snapshot and key in _SNAPSHOT_KEYS and _SNAPSHOT_KEYS[key][0] in snapshot:
-        name, kind = _SNAPSHOT_KEYS[key]
-        raw = snapshot[name]
-        if kind == "bool":
-            return ("True" if raw else "False"), "snapshot"
-        if kind == "mib":
-            return (None if raw is None or raw < 0 else str(raw // (1 << 20))), "snapshot"
-        return str(raw), "snapshot"
+    if snapshot:
+        value = allocconf.from_snapshot(key, snapshot)
+        if value is not False:
+            return value, "snapshot"
     text, source = (
         (reports["getter"], "getter")
         if reports.get("getter") is not None
@@ -248,9 +234,9 @@ def _setter_report(reports: Mapping[str, Any]) -> dict[str, Any] | None:
     from autoalloc import guards
 
     def parsed(key: str) -> str | bool | None:
-        if reports.get("snapshot") and key in _SNAPSHOT_KEYS:
-            return _reported(key, reports, None)[0]
-        return False  # torch cannot say: guards' model of the calls answers
+        snapshot = reports.get("snapshot")
+        # False where torch cannot say: guards' model of the calls answers
+        return allocconf.from_snapshot(key, snapshot) if snapshot else False
 
     return guards.setter_report(parsed, _same)
 

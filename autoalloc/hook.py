@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import field, replace
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from autoalloc import allocconf, entrypoint, layercache, messages, torchinfo
 from autoalloc.allocconf import InEffect
@@ -28,6 +29,9 @@ from autoalloc.policy import Policy
 from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 from autoalloc.wrappers import Unwrapped
+
+if TYPE_CHECKING:
+    from autoalloc.counters import StepSampler
 
 
 @record
@@ -99,12 +103,13 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             from autoalloc import guards
 
             guards.install(STATE)
+            recording = None
             if os.environ.get(REPORT_VAR):  # the measurement half, only when asked for
                 from autoalloc.ab import recorder
 
-                recorder.install()
+                recording = recorder.install(module)
             _arm_training(module)
-            _arm_adaptive(module)
+            _arm_adaptive(module, recording.sampler if recording is not None else None)
         if watcher is not None:
             watcher.names.discard("torch")
     elif watcher is not None:
@@ -180,8 +185,11 @@ def _late(decide: Callable[[InEffect], Plan]) -> Plan:
     return new
 
 
-def _arm_adaptive(torch: ModuleType) -> None:
-    """Watch the optimizer steps for the re-allocation symptom (``adaptive``; CUDA builds only)."""
+def _arm_adaptive(torch: ModuleType, sampler: StepSampler | None) -> None:
+    """Watch the optimizer steps for the re-allocation symptom (``adaptive``; CUDA builds only).
+
+    ``sampler``: the recorder's (``AUTOALLOC_REPORT``), so the counters are read once a step.
+    """
     decision, policy = STATE.decision, STATE.policy
     if policy is None or policy.adaptive.value == "off":
         return
@@ -189,7 +197,7 @@ def _arm_adaptive(torch: ModuleType) -> None:
         return
     from autoalloc import adaptive
 
-    STATE.adaptive = adaptive.install(torch, _on_finding)
+    STATE.adaptive = adaptive.install(torch, _on_finding, sampler)
 
 
 def _segments_on(decision: Decision) -> bool:
@@ -201,12 +209,15 @@ def _segments_on(decision: Decision) -> bool:
 
 def _on_finding(finding) -> None:
     """``adaptive`` saw the symptom: say so (advise), or turn the options on (apply); once."""
-    from autoalloc import adaptive
+    from autoalloc import adaptive, guards
     from autoalloc.decide import resolve
     from autoalloc.policy import Rule, Source
 
     decision, policy, entry = STATE.decision, STATE.policy, STATE.entry
     if decision is None or policy is None or entry is None or _segments_on(decision):
+        return
+    if guards.in_effect(STATE).refused():  # the program turned them off itself: nothing to say
+        messages.debug(f"adaptive: {finding.describe()}; the program set expandable_segments:False")
         return
     if policy.adaptive.value == "apply" and STATE.plan is not None:
         rule = Rule("adaptive", policy.adaptive.source or Source("builtin", "adaptive"))

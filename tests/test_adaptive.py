@@ -11,7 +11,7 @@ import json
 import random
 import textwrap
 
-from autoalloc import adaptive
+from autoalloc import adaptive, counters
 from autoalloc.adaptive import Thresholds, detect
 from tests.helpers import PROBE, probe_result
 
@@ -104,10 +104,10 @@ def test_advice_names_the_command_and_the_rule():
 
 def cumulative(records: list[dict[str, int]]) -> list[dict[str, int]]:
     """What torch.cuda.memory_stats() would have said at each step, given the per-step deltas."""
-    totals = dict.fromkeys(adaptive.COUNTERS, 0)
+    totals = dict.fromkeys(counters.COUNTERS, 0)
     out = []
     for r in records:
-        for key in adaptive.COUNTERS:
+        for key in counters.COUNTERS:
             totals[key] += r[key]
         out.append({**totals, "reserved_bytes.all.current": r["reserved"],
                     "allocated_bytes.all.current": r["allocated"]})
@@ -159,6 +159,8 @@ TRAIN_STEPS = textwrap.dedent("""
     for _ in range(100):
         opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
     print("WATCH", hook.STATE.adaptive)
+    from autoalloc.ab import recorder
+    print("SHARED", getattr(hook.STATE.adaptive, "sampler", 0) is getattr(recorder.RECORDER, "sampler", 1))
 """) + PROBE
 
 FOUND = """
@@ -181,6 +183,17 @@ def test_wired_on_cuda_builds_silent_everywhere_without_a_finding(sandbox, torch
     assert ("WATCH <autoalloc.adaptive.Watch" in result.stdout) is cuda_build, result.stdout
     assert ("WATCH None" in result.stdout) is not cuda_build
     assert result.stderr == ""
+
+
+def test_the_hook_hands_the_recorders_sampler_to_the_watch(sandbox, torch_python):
+    # AUTOALLOC_REPORT and adaptive together: memory_stats() is read once per step, not twice
+    sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')
+    sandbox.script("train.py", TRAIN_STEPS)
+    reports = sandbox.root / "reports"
+    result = sandbox.run(["train.py"], python=torch_python, env={"AUTOALLOC_REPORT": f"{reports}/"})
+    assert result.returncode == 0, result.stderr
+    cuda_build = probe_result(result.stdout)["cuda_build"]
+    assert ("SHARED True" in result.stdout) is cuda_build, result.stdout
 
 
 def test_advise_warns_once_with_the_figures_and_the_command(sandbox):
@@ -234,25 +247,24 @@ def test_explain_shows_the_mode_and_where_it_came_from(sandbox):
     assert f"adaptive:     advise  [project ({policy})]" in text
 
 
-def test_the_watch_reads_the_recorders_counters_when_it_records(monkeypatch):
+def test_the_watch_reads_the_recorders_counters_when_it_records():
     # with AUTOALLOC_REPORT set, the recorder already reads memory_stats() at each step: the
-    # watch judges its records instead of reading the counters a second time
+    # hook hands its sampler to the watch, which judges its records and reads nothing itself
     import torch
 
     from autoalloc.ab import recorder
 
     rec = recorder.Recorder(torch, "-", warmup=20, stop_after=None)
-    rec.cuda_steps.extend(r for r in dynamic(120) if r["step"] > 20)
-    monkeypatch.setattr(recorder, "RECORDER", rec)
-    watch = adaptive.Watch(torch, on_finding=lambda f: None)
-    records = watch._recorder_records()
-    assert records is rec.cuda_steps
+    rec.sampler.records.extend(r for r in dynamic(120) if r["step"] > 20)
+    watch = adaptive.Watch(torch, on_finding=lambda f: None, shared=rec.sampler)
+    assert watch.sampler is rec.sampler and watch.shared
     watch.steps = 120
-    finding = watch.observe(None, records)
+    finding = watch.observe(None)
     assert finding is not None and finding.steps == 50
-    assert watch.records == []  # nothing sampled twice
-    monkeypatch.setattr(rec, "warmup", 40)  # a longer warm-up than the watch's: sample itself
-    assert watch._recorder_records() is None
+    # a longer warm-up than the watch's: the recorder's records start too late, sample itself
+    late = recorder.Recorder(torch, "-", warmup=40, stop_after=None)
+    alone = adaptive.Watch(torch, on_finding=lambda f: None, shared=late.sampler)
+    assert alone.sampler is not late.sampler and not alone.shared
 
 
 def test_adaptive_next_to_the_recorder_on_a_real_run(sandbox):

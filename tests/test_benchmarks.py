@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc.ab import recorder
 from autoalloc.bench import command, model, schedule, workload
 from tests.helpers import PY, REPO, clean_env
 
@@ -303,20 +302,6 @@ def test_batch_shape() -> None:
     frames, tokens = schedule.batch_shape([1.0, 12.345, 35.0])
     assert frames == [100, 1234, 3500] or frames == [100, 1235, 3500]
     assert tokens == [4, 49, 140]
-
-
-@pytest.mark.parametrize(
-    ("raw", "expected"),
-    [
-        ("", False),
-        ("expandable_segments:True", True),
-        ("max_split_size_mb:256, expandable_segments:True", True),
-        ("expandable_segments:True,expandable_segments:False", False),
-        ("expandable_segments:False", False),
-    ],
-)
-def test_parse_es(raw: str, expected: bool) -> None:
-    assert recorder.parse_es(raw) is expected
 
 
 def test_tiny_model_step_on_cpu() -> None:

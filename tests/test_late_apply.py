@@ -205,6 +205,36 @@ def test_the_refusal_outlives_later_calls(sandbox: Sandbox) -> None:
     assert probe["getter"] == ES
 
 
+FINDING = """
+    import torch
+    from autoalloc import hook
+    from autoalloc.adaptive import Finding
+    torch._C._accelerator_setAllocatorSettings({setting!r})
+    hook._on_finding(Finding(50, 41, 6.5, 2, 2.4, 1))
+"""
+
+
+def _finding_after(sandbox: Sandbox, mode: str, setting: str) -> tuple[str, str]:
+    """What torch uses, and stderr, once adaptive reports a finding after the program's call."""
+    sandbox.user_policy(f'adaptive = "{mode}"\n')
+    sandbox.script("train.py", FINDING.format(setting=setting))
+    result = sandbox.run(["train.py"])
+    assert result.returncode == 0, result.stderr
+    return probe_result(result.stdout)["getter"], result.stderr
+
+
+def test_adaptive_apply_goes_under_the_programs_options(sandbox: Sandbox) -> None:
+    # the fourth late writer: adaptive = "apply" on a finding, after the program's own call
+    getter, _ = _finding_after(sandbox, "apply", "garbage_collection_threshold:0.7")
+    assert getter == f"garbage_collection_threshold:0.7,{ES}"
+
+
+def test_adaptive_says_nothing_to_a_program_that_refused(sandbox: Sandbox) -> None:
+    getter, stderr = _finding_after(sandbox, "advise", "expandable_segments:False")
+    assert getter == "expandable_segments:False"
+    assert "autoalloc" not in stderr
+
+
 # ------------------------------------------------------------------ what stopped merging
 
 MERGE = 'on_setter = "merge"\n'

@@ -172,9 +172,6 @@ def test_report_path_and_settings_helpers(tmp_path: Path) -> None:
         and inside.startswith(str(tmp_path))
         and inside.endswith("-42-rank1.json")
     )
-    assert recorder.parse_es("max_split_size_mb:64,expandable_segments:True") is True
-    assert recorder.parse_es("expandable_segments:True,expandable_segments:False") is False
-    assert recorder.parse_es(None) is None
 
 
 def test_report_command_renders_a_directory(

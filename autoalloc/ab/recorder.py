@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Literal
 
+from autoalloc import allocconf
+from autoalloc.counters import StepSampler, totals
 from autoalloc.envvars import (
     APPLIED_VAR,
     PROGRESS_VAR,
@@ -46,7 +48,6 @@ from autoalloc.envvars import (
 )
 
 DEFAULT_WARMUP = 20
-COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_ooms")
 SCHEMA = "autoalloc-report/1"
 STOP_GRACE_S = 60.0  # after a stop, a process that does not end by itself is ended
 PROGRESS_EVERY_S = 0.25
@@ -159,18 +160,6 @@ def _locked_write(fd: int, data: bytes) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-def parse_es(raw: str | None) -> bool | None:
-    """``expandable_segments`` in a raw allocator string (the last one wins, as in torch)."""
-    if raw is None:
-        return None
-    value = False
-    for item in raw.replace(" ", "").split(","):
-        key, _, val = item.partition(":")
-        if key == "expandable_segments":
-            value = val == "True"
-    return value
-
-
 def allocator_settings(torch: Any) -> dict[str, Any]:
     """What torch says its allocator uses: the getter's string and, on CUDA builds, the snapshot.
 
@@ -181,7 +170,8 @@ def allocator_settings(torch: Any) -> dict[str, Any]:
     if getter is not None:
         try:
             out.update(raw=getter(), source="torch._C._accelerator_getAllocatorSettings()")
-            out["expandable_segments"] = parse_es(out["raw"])
+            raw = out["raw"]
+            out["expandable_segments"] = None if raw is None else allocconf.segments_on(raw)
         except Exception as exc:
             out["getter_error"] = repr(exc)
     if getattr(torch.version, "cuda", None) and _snapshot_is_cheap(torch):
@@ -238,6 +228,7 @@ class Recorder:
         self.warmup = warmup
         self.stop_total = None if stop_after is None else warmup + stop_after
         self.progress = os.environ.get(PROGRESS_VAR)
+        self.sampler = StepSampler(start=warmup)  # the CUDA counters per step (adaptive's too)
         self._reset()
         self.handle: Any = None
         self.handlers: dict[int, Any] = {}  # signal number -> the handler _chain_signal set
@@ -248,8 +239,7 @@ class Recorder:
         self.t0 = time.perf_counter()
         self.steps = 0
         self.ends: list[float] = []  # perf_counter at each step's end, relative to t0
-        self.cuda_steps: list[dict[str, int]] = []
-        self.previous: dict[str, int] | None = None
+        self.sampler.reset()
         self.hook_s = 0.0
         self.sample_s = 0.0
         self.samples = 0
@@ -284,14 +274,7 @@ class Recorder:
         stats = cuda.memory_stats()
         self.sample_s += time.perf_counter() - t
         self.samples += 1
-        now = {key: int(stats.get(key, 0)) for key in COUNTERS}
-        if self.previous is not None:
-            record = {key: now[key] - self.previous[key] for key in COUNTERS}
-            record["step"] = self.steps
-            record["reserved"] = int(stats.get("reserved_bytes.all.current", 0))
-            record["allocated"] = int(stats.get("allocated_bytes.all.current", 0))
-            self.cuda_steps.append(record)
-        self.previous = now
+        self.sampler.add(self.steps, stats)
 
     def _write_progress(self, now: float) -> None:
         self.last_progress = now
@@ -342,7 +325,7 @@ class Recorder:
             "stop_after": None if self.stop_total is None else self.stop_total - self.warmup,
             "steps": self.steps,
             "step_ends_s": [round(t, 6) for t in self.ends],
-            "cuda_steps": self.cuda_steps,
+            "cuda_steps": self.sampler.records,
             "decision": decision_info(),
             "allocator_settings": allocator_settings(torch),
             "recorder": {
@@ -355,7 +338,7 @@ class Recorder:
             stats = torch.cuda.memory_stats()
             out["peak_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
             out["peak_allocated"] = int(stats.get("allocated_bytes.all.peak", 0))
-            out["totals"] = {key: int(stats.get(key, 0)) for key in COUNTERS}
+            out["totals"] = totals(stats)
         return out
 
     def write(self, ending: Ending = "exit") -> None:
