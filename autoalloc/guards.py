@@ -363,12 +363,14 @@ def _keep(original: Callable[..., Any], plan: _Plan, effect: list[tuple[str, str
         except Exception:
             pass
         messages.debug(
-            f"{plan.where}: on_setter = merge: torch refuses {text!r} ({exc}); not merged"
+            f"{plan.where}: on_setter = merge: torch refuses {messages.shortened(text)} ({exc}); "
+            "not merged"
         )
         return None
     kept = ", ".join(f"{k}:{v}" for k, v in plan.dropped)
     messages.debug(
-        f"{plan.where}: on_setter = merge: torch gets {text!r} for {plan.value!r} (keeps {kept})"
+        f"{plan.where}: on_setter = merge: torch gets {messages.shortened(text)} "
+        f"for {messages.shortened(plan.value)} (keeps {kept})"
     )
     return text
 
