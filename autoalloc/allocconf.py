@@ -225,12 +225,12 @@ def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> Non
             raise ConfError(f"{key} must be >= large_segment_size_mb ({value} < {large})")
 
 
-_LEADING_INT = re.compile(r"\+?([0-9]{1,20})")
+_LEADING_INT = r"\+?([0-9]{1,20})"
 
 
 def _as_torch_reads_int(text: str | None) -> int | None:
     """The number torch's ``stoull`` reads from ``text``: its leading digits (``100abc`` is 100)."""
-    m = _LEADING_INT.match(text) if text is not None else None
+    m = re.match(_LEADING_INT, text) if text is not None else None
     return int(m.group(1)) if m else None
 
 
@@ -240,11 +240,11 @@ def serialize(pairs: Sequence[tuple[str, str]] | Mapping[str, str]) -> str:
     return ",".join(f"{k}:{v}" for k, v in items)
 
 
-_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_KEY_RE = r"[A-Za-z_][A-Za-z0-9_]*\Z"
 # torch's tokenizer drops the characters C's isspace() knows (ASCII only) and splits on , : [ ]
 _C_SPACE = " \t\n\v\f\r"
 _DROP_SPACE = str.maketrans("", "", _C_SPACE)
-_ATOM_RE = re.compile(r"[^ \t\n\v\f\r,:\[\]]+\Z")
+_ATOM_RE = r"[^ \t\n\v\f\r,:\[\]]+\Z"
 ASYNC_BACKENDS = ("cudaMallocAsync", "hipMallocAsync")
 
 
@@ -284,16 +284,16 @@ def parse(text: str) -> list[tuple[str, str]]:
     pairs = []
     for item in items:
         key, sep, value = item.partition(":")
-        if not sep or not _KEY_RE.match(key) or not value:
+        if not sep or not re.match(_KEY_RE, key) or not value:
             raise ConfError(f"{_short(item)} is not key:value")
         if value.startswith("["):
             if not value.endswith("]"):
                 raise ConfError(f"{_short(item)} has text after ']'")
             for entry in value[1:-1].split(","):
                 left, sep, right = entry.partition(":")
-                if not (sep and _ATOM_RE.match(left) and _ATOM_RE.match(right)):
+                if not (sep and re.match(_ATOM_RE, left) and re.match(_ATOM_RE, right)):
                     raise ConfError(f"{_short(item)} has a malformed list")
-        elif not _ATOM_RE.match(value):
+        elif not re.match(_ATOM_RE, value):
             raise ConfError(f"{_short(item)} has a malformed value")
         pairs.append((key, value))
     return pairs

@@ -31,7 +31,7 @@ def interpreter_argv(command: Sequence[str]) -> list[str]:
     if not command:
         return []
     first = command[0]
-    if _PYTHON_RE.match(os.path.basename(first)) or first == sys.executable:
+    if re.match(_PYTHON_RE, os.path.basename(first)) or first == sys.executable:
         return list(command)
     if first.endswith((".py", ".pyw")) or os.path.isdir(first):
         return [sys.executable, *command]

@@ -33,12 +33,13 @@ class NameGlob:
     """One fnmatch pattern matched against a whole name, with a regex only when one is needed.
 
     A policy can hold 10,000 rules, and each decision looks at every one: compiling tens of
-    thousands of regexes (``re`` caches only 512) would cost seconds. Most patterns are a
-    literal, or ``prefix*suffix``, which string comparisons decide exactly; for the others the
-    literal prefix and suffix reject most names before the regex is compiled (once, here).
+    thousands of regexes (``re`` caches only 512) would cost seconds, and even one costs more
+    than the rest of a match. Most patterns are a literal, or literal parts joined by ``*``
+    (``*train*.py``), which string searches decide exactly; for the others (``?``, ``[...]``)
+    the literal prefix and suffix reject most names before the regex is compiled (once, here).
     """
 
-    __slots__ = ("_min", "_prefix", "_regex", "_simple", "_suffix", "literal", "pattern")
+    __slots__ = ("_chunks", "_min", "_prefix", "_regex", "_suffix", "literal", "pattern")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
@@ -53,8 +54,11 @@ class NameGlob:
         literal_tail = star >= 0 and not _has_magic(tail) and "]" not in tail
         self._prefix = pattern[:first]
         self._suffix = tail if literal_tail else ""
-        # exactly prefix*suffix: the checks below decide it without a regex
-        self._simple = literal_tail and star == first and "?" not in pattern and "[" not in pattern
+        # only '*' wildcards: the literal parts between them, found in order, decide it
+        self._chunks = None
+        if magic and "?" not in pattern and "[" not in pattern:
+            parts = pattern.split("*")
+            self._prefix, self._suffix, self._chunks = parts[0], parts[-1], tuple(parts[1:-1])
         self._min = len(self._prefix) + len(self._suffix)
 
     def match(self, name: str) -> bool:
@@ -64,7 +68,15 @@ class NameGlob:
             return False
         if not name.endswith(self._suffix):
             return False
-        if self._simple:
+        if self._chunks is not None:
+            # Leftmost first is exact for '*' alone: a later place for one part leaves
+            # less room for the next, never more.
+            at, end = len(self._prefix), len(name) - len(self._suffix)
+            for chunk in self._chunks:
+                at = name.find(chunk, at, end)
+                if at < 0:
+                    return False
+                at += len(chunk)
             return True
         if self._regex is None:
             self._regex = re.compile(fnmatch.translate(self.pattern), re.DOTALL)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import reprlib
+import sys
 from typing import Any, TypeVar
 
 T = TypeVar("T", bound=type)
 _MISSING = dataclasses.MISSING
+_FIELDS = "__dataclass_fields__"
+_FIELD = dataclasses._FIELD  # type: ignore[attr-defined]  # what dataclasses.fields() lists
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -93,12 +96,51 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
+def _own_annotations(cls: type) -> dict:
+    """The class's own annotations (3.10+: the attribute never falls back to a base's)."""
+    if sys.version_info >= (3, 10):
+        return cls.__annotations__
+    return vars(cls).get("__annotations__", {})  # pragma: no cover - 3.9
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    """The fields ``dataclasses`` would collect, collected without its per-field type checks.
+
+    A record's own annotations in order, after those of a record it derives from; a
+    ``dataclasses.field(...)`` or a plain default as the class attribute. ``ClassVar`` and
+    ``InitVar`` annotations are not supported (no record uses them), and are refused.
+    """
+    found: dict[str, dataclasses.Field] = {}
+    for base in reversed(cls.__mro__[1:]):
+        found.update(getattr(base, _FIELDS, {}))
+    for name, kind in _own_annotations(cls).items():
+        text = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
+        if "ClassVar" in text or "InitVar" in text:
+            raise TypeError(f"record {cls.__qualname__}: {name}: {text} is not supported")
+        default = cls.__dict__.get(name, _MISSING)
+        if isinstance(default, dataclasses.Field):
+            made = default
+            if made.default is _MISSING:
+                delattr(cls, name)
+            else:
+                setattr(cls, name, made.default)
+        else:
+            made = dataclasses.field(default=default)
+        if isinstance(made.default, (list, dict, set)):
+            raise ValueError(f"mutable default {type(made.default)} for field {name} "
+                             "is not allowed: use default_factory")  # fmt: skip
+        made.name, made.type = name, kind
+        made._field_type = _FIELD  # type: ignore[attr-defined]
+        found[name] = made
+    return found
+
+
 def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
     """``@dataclass`` / ``@dataclass(frozen=True)`` without code generation (see above)."""
 
     def wrap(cls: T) -> T:
-        cls = dataclasses.dataclass(cls, init=False, repr=False, eq=False)  # fields only
-        fields = dataclasses.fields(cls)
+        fields = tuple(_fields(cls).values())
+        setattr(cls, _FIELDS, {f.name: f for f in fields})
         cls.__record_init__ = tuple(  # type: ignore[attr-defined]
             (f.name, f.default, f.default_factory) for f in fields if f.init
         )

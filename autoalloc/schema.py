@@ -24,7 +24,7 @@ from autoalloc.records import record
 
 MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
 MAX_STR = 4096
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z")
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z"
 NAME_RULE = "name must be letters, digits, '-', '_' or '.' (at most 100)"
 
 Kind = Literal["bool", "text", "strings", "paths", "choice", "allocator", "tables"]
@@ -361,7 +361,7 @@ def _item(
         problems.append(Problem(f"{where} must be a table", cost))
         return None
     name = data.get("name") if item.name_required else data.get("name", f"{layer}-{index}")
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not re.match(NAME_RE, name):
         problems.append(Problem(f"{where}: {NAME_RULE}", cost))
         return None
     where = f'{where} ("{name}")'

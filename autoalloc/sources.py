@@ -208,6 +208,20 @@ def policy_table(path: str, data: bytes) -> object:
     return LOADERS.get(os.path.basename(path), _whole_document)(data)
 
 
+def _project_table(path: str, data: bytes) -> object:
+    """``policy_table`` for a project candidate; a ``pyproject.toml`` that mentions autoalloc
+    without a ``[tool.autoalloc]`` table (a dependency list) is remembered as such across
+    processes (``layercache``, by its exact bytes), so that no process parses it again."""
+    if os.path.basename(path) != "pyproject.toml" or b"autoalloc" not in data:
+        return policy_table(path, data)  # parsed anyway, or not at all (_tool_autoalloc)
+    if layercache.get("no-table", (path,), data) is True:
+        return None
+    table = policy_table(path, data)
+    if table is None:
+        layercache.put("no-table", (path,), data, True)
+    return table
+
+
 def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list[str]:
     """Directories whose project files are used even when another user owns them.
 
@@ -321,7 +335,7 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
         if trusted is not None and not is_trusted(path, trusted, st):
             # Another user's pyproject.toml is looked at only to see whether it has our table.
             try:
-                if policy_table(path, data) is None:
+                if _project_table(path, data) is None:
                     return None
             except LayerError:
                 pass
@@ -329,7 +343,7 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
         cached = _cached("project", path, False, data)
         if cached is not None:
             return cached
-        table = policy_table(path, data)
+        table = _project_table(path, data)
     except FileNotFoundError:
         return None
     except LayerError as exc:

@@ -21,7 +21,7 @@ Flavour = Literal["cpu", "cuda", "rocm"]
 _ASSIGN = re.compile(
     r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$"""
 )
-_RELEASE = re.compile(r"^(\d+)\.(\d+)")
+_RELEASE = r"^(\d+)\.(\d+)"
 
 
 @record(frozen=True)
@@ -35,7 +35,7 @@ class TorchInfo:
 
     @property
     def release(self) -> tuple[int, int]:
-        m = _RELEASE.match(self.version)
+        m = re.match(_RELEASE, self.version)
         return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
     @property

@@ -68,6 +68,10 @@ if [ "$FULL" = 1 ]; then
     PYTEST_ARGS+=(--full)
 fi
 
+# Bytecode for autoalloc, as pip writes it for an installed package: the tests start hundreds
+# of interpreters, each of which would otherwise compile it again (PYTHONDONTWRITEBYTECODE).
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -m compileall -q autoalloc _autoalloc_startup.py \
+    > /dev/null
 echo "ruff ..."
 "$VENV/bin/ruff" check autoalloc tests benchmarks
 echo "pytest on $("$VENV/bin/python" --version) ..."

@@ -9,12 +9,20 @@ parametrized over ``torch_python`` run on it too when it is set, and skip it oth
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 from autoalloc.envvars import RANK_VARS
 from tests.helpers import TORCH_PYTHONS, Sandbox, clean_env
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # A run started in the background of a non-interactive shell inherits SIGINT ignored, and
+    # so would every program a test starts: give them Ctrl-C as a terminal gives it.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
