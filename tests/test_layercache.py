@@ -97,6 +97,19 @@ def test_changed_bytes_are_read_again_whatever_the_time_stamps(sandbox) -> None:
     assert "garbage_collection_threshold:0.7" in changed["decision"][2]
 
 
+def test_a_pyproject_without_our_table_is_not_parsed_again_until_it_changes(sandbox) -> None:
+    # A project that lists autoalloc as a dependency: its pyproject.toml mentions the name.
+    pyproject = sandbox.write("pyproject.toml", '[project]\nname = "asr"\ndependencies = ["autoalloc"]\n')
+    first = decide(sandbox)
+    assert first["parsed"] and first["decision"][0] == "none"
+    second = decide(sandbox)
+    assert not second["parsed"] and same(first, second)
+    pyproject.write_text(pyproject.read_text() + '\n[tool.autoalloc]\n[[tool.autoalloc.rules]]\n'
+                         'name = "lab-p"\nscripts = ["train_lab.py"]\n')  # fmt: skip
+    third = decide(sandbox)
+    assert third["parsed"] and third["decision"][:2] == ["apply", "lab-p"]
+
+
 class Boom:
     def __reduce__(self):
         return (os.system, ("touch boom",))
