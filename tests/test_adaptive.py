@@ -11,6 +11,8 @@ import json
 import random
 import textwrap
 
+import pytest
+
 from autoalloc import adaptive, counters
 from autoalloc.adaptive import Thresholds, detect
 from tests.helpers import PROBE, probe_result
@@ -267,6 +269,7 @@ def test_the_watch_reads_the_recorders_counters_when_it_records():
     assert alone.sampler is not late.sampler and not alone.shared
 
 
+@pytest.mark.slow  # the run of test_the_hook_hands_the_recorders_sampler_to_the_watch, with apply
 def test_adaptive_next_to_the_recorder_on_a_real_run(sandbox):
     from tests.helpers import autoalloc_warnings
 

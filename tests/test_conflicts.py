@@ -384,6 +384,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.slow  # a job of several processes: the full run
 def test_e2e_explicit_false_said_once_per_job(sandbox: Sandbox, torch_python: str) -> None:
     """The parent warns; a subprocess and a spawned worker inherit AUTOALLOC_APPLIED and stay silent."""
     sandbox.write("proj/autoalloc.toml", RULE)

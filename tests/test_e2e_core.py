@@ -333,6 +333,7 @@ def test_inference_child_of_a_training_job_gets_the_users_variables_back(sandbox
     assert "CHILD_STDERR ''" in result.stdout
 
 
+@pytest.mark.slow  # a job of several processes: the full run (test_cli_errors checks the warnings)
 def test_a_bad_policy_file_warns_once_per_job(sandbox: Sandbox) -> None:
     sandbox.write("autoalloc.toml", "enabled = [unclosed\n")
     code = (

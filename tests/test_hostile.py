@@ -195,6 +195,7 @@ def _can_bind_read_only(tmp: Path) -> bool:
     return result.returncode == 0
 
 
+@pytest.mark.slow  # a hostile set-up rarely met: the full run
 def test_read_only_file_system_without_pycache(sandbox: Sandbox) -> None:
     """Package and project on a read-only mount, no ``__pycache__``: the hook compiles in memory and works."""
     if shutil.which("unshare") is None or not _can_bind_read_only(sandbox.root):
@@ -362,6 +363,7 @@ def test_embedded_interpreter(sandbox: Sandbox) -> None:
 # -- the hook itself: twice, or gone ------------------------------------------------------------
 
 
+@pytest.mark.slow  # a hostile set-up rarely met: the full run
 def test_hook_run_twice_arms_one_watcher(sandbox: Sandbox) -> None:
     result = sandbox.run(["-c", "import autoalloc._startup as s; s.main(); s.main(); " + WATCHERS])
     assert result.stdout.strip() == "1" and result.stderr == ""

@@ -178,8 +178,12 @@ def test_override_never_replaces_what_the_program_set_at_run_time(sandbox: Sandb
 # ------------------------------------------------------------------ program 4: runtime refusal
 
 
-@pytest.mark.parametrize("policy, step", [(TRAINING_RULE, "optimizer"), (TRIGGER_RULE, "trigger")],
-                         ids=["training", "late-import"])
+@pytest.mark.parametrize(
+    "policy, step",
+    [(TRAINING_RULE, "optimizer"),
+     pytest.param(TRIGGER_RULE, "trigger", marks=pytest.mark.slow)],  # the same write, later
+    ids=["training", "late-import"],
+)
 def test_runtime_expandable_segments_false_is_a_refusal(
     sandbox: Sandbox, torch_python: str, policy: str, step: str
 ) -> None:
@@ -193,6 +197,7 @@ def test_runtime_expandable_segments_false_is_a_refusal(
     assert len(said) == 1 and "set expandable_segments:False at run time" in said[0]
 
 
+@pytest.mark.slow  # the refusal itself is test_runtime_expandable_segments_false_is_a_refusal
 def test_the_refusal_outlives_later_calls(sandbox: Sandbox) -> None:
     # expandable_segments is not reset by a later call that does not name it: still refused
     probe, _ = _run(sandbox, TRAINING_RULE, "optimizer",

@@ -97,6 +97,7 @@ def test_icefall_started_from_the_recipe_dir(sandbox: Sandbox) -> None:
     assert report["decision"]["writes"]["PYTORCH_CUDA_ALLOC_CONF"] == probe["env"]["PYTORCH_CUDA_ALLOC_CONF"]
 
 
+@pytest.mark.slow  # test_icefall_started_from_the_recipe_dir is the quick one
 def test_icefall_symlinked_recipe_and_checkout(sandbox: Sandbox) -> None:
     real = sandbox.script("icefall/egs/librispeech/ASR/zipformer/train.py")
     # other corpora symlink the zipformer dir of librispeech; the path as typed matches

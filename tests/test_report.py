@@ -126,6 +126,7 @@ def test_report_to_stderr(tmp_path: Path) -> None:
     assert json.loads(result.stderr[start:])["steps"] == 3
 
 
+@pytest.mark.slow  # test_ab checks the stop end to end in the quick run
 def test_stop_after_ends_the_process_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     result = run(

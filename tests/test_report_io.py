@@ -41,6 +41,7 @@ def report_line(**fields: object) -> str:
 # ---------------------------------------------------------------- the writer: what a path is
 
 
+@pytest.mark.slow  # two runs in a private mount namespace: the full run
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare(1)")
 def test_dev_null_and_dev_stdout_are_never_replaced(tmp_path: Path) -> None:
     # In a private mount namespace whose /dev is a tmpfs copy: the real /dev is never at risk.
@@ -155,6 +156,7 @@ def test_a_socket_is_refused_with_one_line(
     )
 
 
+@pytest.mark.slow  # a job of several processes: the full run
 def test_processes_sharing_one_file_each_keep_their_report_and_relative_is_pinned_at_start(
     tmp_path: Path,
 ) -> None:

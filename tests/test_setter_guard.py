@@ -268,6 +268,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow  # a torchrun job: the full run, as the other multi-process runs
 def test_torchrun_ranks_warn_once_per_job(sandbox: Sandbox) -> None:
     trainer = sandbox.write(NEMO, TORCHRUN_JOB)
     module = sandbox.write(Path(NEMO).parent / "lib" / "dataloader.py", DATALOADER)

@@ -325,6 +325,7 @@ WORKERS = """
 """
 
 
+@pytest.mark.slow  # spawned DataLoader workers: the full run, as the other multi-process runs
 def test_dataloader_workers_build_nothing_and_say_nothing(sandbox: Sandbox) -> None:
     speech_script(sandbox, "finetune.py", WORKERS)
     result = sandbox.run(["finetune.py"], env={"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.7"})
