@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import pickle
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import pytest
 
@@ -140,3 +141,45 @@ def test_post_init_and_fields_outside_init_as_a_dataclass() -> None:
         with pytest.raises(TypeError):
             cls("ab", "AB")
     assert repr(mine("ab")) == repr(theirs("ab"))
+
+
+def test_fields_collected_as_a_dataclass_collects_them() -> None:
+    def build(decorate):
+        @decorate
+        class Base:
+            """A base with a default and a factory."""
+
+            name: str = "base"
+            extra: dict = field(default_factory=dict)
+
+        @decorate
+        class Child(Base):
+            """Its own fields after the base's; a plain default and a field() default."""
+
+            size: int = 1
+            note: str = field(default="n", compare=False)
+
+        return Child
+
+    mine, theirs = build(record(frozen=True)), build(dataclass(frozen=True))
+    assert [f.name for f in dataclasses.fields(mine)] == [f.name for f in dataclasses.fields(theirs)]
+    assert repr(mine("a", {}, 2)) == repr(theirs("a", {}, 2))
+    assert mine.note == theirs.note == "n"  # the class attributes, as dataclasses leave them
+    assert not hasattr(mine, "extra") and not hasattr(theirs, "extra")
+    with pytest.raises(ValueError):  # a mutable default, refused as a dataclass refuses it
+
+        @record
+        class Shared:
+            """A list shared by every instance."""
+
+            items: list = []  # noqa: RUF012
+
+
+def test_class_variables_are_refused_rather_than_taken_for_fields() -> None:
+    with pytest.raises(TypeError):
+
+        @record
+        class Counted:
+            """A ClassVar is no field."""
+
+            total: ClassVar[int] = 0
