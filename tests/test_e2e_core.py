@@ -321,6 +321,7 @@ print("CHILD_STDERR", repr(out.stderr))
 """
 
 
+@pytest.mark.slow  # the restore of test_disable_in_a_child_restores_what_the_parent_found, by a rule
 def test_inference_child_of_a_training_job_gets_the_users_variables_back(sandbox: Sandbox) -> None:
     sandbox.write(NEMO, SPAWNS_INFERENCE)
     sandbox.script("NeMo/examples/asr/asr_ctc/transcribe_speech.py")

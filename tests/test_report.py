@@ -119,13 +119,6 @@ def test_no_report_without_torch_and_nothing_registered_when_unset(tmp_path: Pat
     assert result.stdout.split() == ["0", "False"]
 
 
-def test_report_to_stderr(tmp_path: Path) -> None:
-    result = run([TINY, "3"], tmp_path, AUTOALLOC_REPORT="-")
-    assert result.returncode == 0, result.stderr
-    start = result.stderr.index("{")
-    assert json.loads(result.stderr[start:])["steps"] == 3
-
-
 @pytest.mark.slow  # test_ab checks the stop end to end in the quick run
 def test_stop_after_ends_the_process_cleanly(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
