@@ -225,6 +225,8 @@ def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> Non
             raise ConfError(f"{key} must be >= large_segment_size_mb ({value} < {large})")
 
 
+# Regex sources, compiled on first use by re's own cache: compiled at import, each would cost
+# every process that imports torch about 0.5 M instructions, used or not.
 _LEADING_INT = r"\+?([0-9]{1,20})"
 
 

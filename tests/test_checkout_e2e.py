@@ -5,6 +5,8 @@ that imports the toolkit is left alone."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers import PROBE, Sandbox, assert_applied, assert_untouched
 
 # A stand-in for NeMo's package: importing its ASR collection imports torch, as the real one does.
@@ -26,6 +28,7 @@ def _checkout(sandbox: Sandbox, folder: str) -> None:
         sandbox.write(f"{folder}/{path}", text)
 
 
+@pytest.mark.slow  # a variant of test_own_script_importing_the_toolkit_gets_the_fallback
 def test_tool_inside_a_renamed_checkout_is_left_alone(sandbox: Sandbox) -> None:
     _checkout(sandbox, "nemo-2.4-fork")
     sandbox.write("nemo-2.4-fork/scripts/speech_recognition/estimate_duration_bins.py", TOOL)

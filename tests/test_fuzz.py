@@ -12,7 +12,7 @@ other layers, environments, entry points and torch versions.
   files written in one reused directory. Every string written to a ``PYTORCH_*ALLOC_CONF``
   variable or passed to the runtime setter must pass ``allocconf.parse`` and torch 2.13's
   own parser (``torch._C._accelerator_setAllocatorSettings`` validates values on CPU builds).
-- Through real interpreters, 100 cases with ``--full`` (2 otherwise;
+- Through real interpreters, 100 cases with ``--full`` (4 otherwise;
   ``AUTOALLOC_FUZZ_SUBPROCESS_CASES``): a script that
   imports torch under the hook; no traceback, its exit code unchanged, exactly the warnings
   the in-process decision predicts (at most one per bad file), and what torch read is what
@@ -63,7 +63,7 @@ def in_process_cases(full: bool) -> int:
 
 # Each real interpreter imports torch (about a second of CPU): a handful in the quick run.
 def subprocess_cases(full: bool) -> int:
-    return sample_size("AUTOALLOC_FUZZ_SUBPROCESS_CASES", full, 2, 100)
+    return sample_size("AUTOALLOC_FUZZ_SUBPROCESS_CASES", full, 4, 100)
 
 LAYERS = ("site", "user", "project", "pyproject", "env")
 BOM = b"\xef\xbb\xbf"

@@ -153,6 +153,7 @@ def test_runtime_options_beat_the_environment(sandbox: Sandbox, torch_python: st
     _snapshot_check(probe, True, 256)
 
 
+@pytest.mark.slow  # a variant of test_runtime_options_stay_under_a_late_apply
 def test_a_rule_option_the_program_set_otherwise_keeps_the_programs(sandbox: Sandbox) -> None:
     policy = TRAINING_RULE + "allocator = { garbage_collection_threshold = 0.8 }\n"
     probe, result = _run(sandbox, policy, "optimizer")
@@ -166,6 +167,7 @@ def test_a_rule_option_the_program_set_otherwise_keeps_the_programs(sandbox: San
     assert next(w for w in autoalloc_warnings(result.stderr) if "garbage" in w).endswith(keep)
 
 
+@pytest.mark.slow  # a policy setting on top of the four programs above: the full run
 def test_override_never_replaces_what_the_program_set_at_run_time(sandbox: Sandbox) -> None:
     policy = ('on_conflict = "override"\n' + TRAINING_RULE
               + "allocator = { garbage_collection_threshold = 0.8 }\n")

@@ -474,6 +474,7 @@ def test_explain_lists_lhotse_among_import_triggers(sandbox: Sandbox) -> None:
 # ---------------------------------------------------------------- composition, end to end
 
 
+@pytest.mark.slow  # more policy layers than test_e2e_core checks: the full run
 def test_user_disable_and_project_replacement(sandbox: Sandbox) -> None:
     sandbox.script(NEMO)
     sandbox.user_policy('disable = ["nemo-asr-train"]\n')
@@ -567,6 +568,7 @@ def test_runpy_after_torch_is_imported_decides_for_the_outer_script(sandbox: San
     assert_untouched(sandbox.run(["run_path.py", NEMO]))
 
 
+@pytest.mark.slow  # a variant of the cProfile-wrapped run
 def test_wrapped_skip_rule_still_skips(sandbox: Sandbox) -> None:
     sandbox.script("NeMo/examples/asr/transcribe_speech.py")
     assert_untouched(

@@ -228,8 +228,9 @@ if __name__ == "__main__":
 """
 
 
-# Both orders with fork in the quick run (fresh interpreters warn once per job: the torchrun
-# test below); with spawn too in the full run.
+# Both orders, with fork and with spawn (fresh interpreters warn once per job: the torchrun
+# test below).
+@pytest.mark.slow  # forked DataLoader workers: the full run, as the other multi-process runs
 @pytest.mark.parametrize(
     ("main_first", "context"),
     [

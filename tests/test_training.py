@@ -261,6 +261,7 @@ def _site(sandbox: Sandbox, *packages: str) -> dict[str, str]:
     return {"PYTHONPATH": str(sandbox.work / "site")}
 
 
+@pytest.mark.slow  # the outweighing is checked in process (test_builtin_policy) and on the corpus
 def test_a_speech_to_text_trainer_with_text_targets(sandbox: Sandbox) -> None:
     # a TTS front-end pulled in too (a toolkit's text normaliser): the WER scorer outweighs it
     env = _site(sandbox, "jiwer", "pyopenjtalk")

@@ -240,6 +240,7 @@ def test_a_project_file_cannot_trust_itself_or_another(world: Path) -> None:
 # -- end to end ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # test_foreign_project_end_to_end is the quick one
 def test_hostile_project_file_end_to_end(sandbox: Sandbox) -> None:
     """Nothing in a project file is executed, imported or exported; one warning names the file."""
     marker = sandbox.root / "pwned"
