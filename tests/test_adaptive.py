@@ -187,6 +187,7 @@ def test_wired_on_cuda_builds_silent_everywhere_without_a_finding(sandbox, torch
     assert result.stderr == ""
 
 
+@pytest.mark.slow  # the sharing is checked in process below; this is the run end to end
 def test_the_hook_hands_the_recorders_sampler_to_the_watch(sandbox, torch_python):
     # AUTOALLOC_REPORT and adaptive together: memory_stats() is read once per step, not twice
     sandbox.write("autoalloc.toml", 'adaptive = "advise"\n')

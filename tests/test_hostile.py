@@ -281,11 +281,11 @@ def test_closed_standard_streams(sandbox: Sandbox) -> None:
 
 
 # Each odd value is classified in process (test_command_line_survives_odd_sys_values below);
-# through an interpreter, a missing argv in the quick run, all with --full.
+# through an interpreter, all with --full.
 @pytest.mark.parametrize(
     "mangle",
     [
-        "del sys.argv",
+        pytest.param("del sys.argv", marks=pytest.mark.slow),
         pytest.param("sys.argv = None", marks=pytest.mark.slow),
         pytest.param("sys.argv = [None, 3, b'x']", marks=pytest.mark.slow),
         pytest.param("sys.argv = 'train.py'", marks=pytest.mark.slow),
