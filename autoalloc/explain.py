@@ -21,7 +21,7 @@ from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy, Rule
 
-_PYTHON_RE = re.compile(r"python[0-9.]*(\.exe)?\Z")
+_PYTHON_RE = r"python[0-9.]*(\.exe)?\Z"
 _RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
 _RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
 

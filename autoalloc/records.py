@@ -1,16 +1,18 @@
 """``@record``: a dataclass whose methods are shared functions instead of generated code.
 
 ``dataclasses.dataclass`` writes the source of ``__init__``, ``__repr__``, ``__eq__``,
-``__hash__`` and (frozen) ``__setattr__``/``__delattr__`` for each class and compiles it:
-about 8 million instructions for a frozen class of 14 fields, paid at import by every
-process that imports torch, since the decision runs there. ``record`` lets
-``dataclasses`` collect the fields (so ``dataclasses.fields``, ``replace``, ``asdict`` and
-``is_dataclass`` work as before) but generates nothing, and gives the class the same
-behaviour through functions shared by every record: positional and keyword arguments,
-defaults and ``default_factory``, ``field(repr=False, compare=False, init=False)``,
-``__post_init__``, equality between
+``__hash__`` and (frozen) ``__setattr__``/``__delattr__`` for each class and compiles it,
+and checks every field's annotation for ``ClassVar``/``InitVar``: about 8 million
+instructions for a frozen class of 14 fields, paid at import by every process that imports
+torch, since the decision runs there. ``record`` collects the fields itself (so
+``dataclasses.fields``, ``replace``, ``asdict`` and ``is_dataclass`` work as before),
+generates nothing, and gives the class the same behaviour through functions shared by every
+record: positional and keyword arguments, defaults and ``default_factory``,
+``field(repr=False, compare=False, init=False)``, ``__post_init__``, equality between
 instances of the same class, hashing of the compared fields when frozen (unhashable
-otherwise, as a dataclass), ``FrozenInstanceError``.
+otherwise, as a dataclass), ``FrozenInstanceError``. Not supported, and refused:
+``ClassVar`` and ``InitVar`` fields, a ``field()`` without an annotation. Not provided:
+``__match_args__``, ``__dataclass_params__`` (a ``@dataclass`` deriving from a record).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import reprlib
 import sys
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T", bound=type)
 _MISSING = dataclasses.MISSING
@@ -104,20 +106,25 @@ def _own_annotations(cls: type) -> dict:
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
-    """The fields ``dataclasses`` would collect, collected without its per-field type checks.
+    """The fields ``dataclasses`` would collect, without its per-field type checks.
 
-    A record's own annotations in order, after those of a record it derives from; a
-    ``dataclasses.field(...)`` or a plain default as the class attribute. ``ClassVar`` and
-    ``InitVar`` annotations are not supported (no record uses them), and are refused.
+    Those of the bases first, then the class's own annotations in order; the default is a
+    ``dataclasses.field(...)`` or a plain value found on the class (or inherited, as
+    ``dataclasses`` finds it).
     """
     found: dict[str, dataclasses.Field] = {}
     for base in reversed(cls.__mro__[1:]):
-        found.update(getattr(base, _FIELDS, {}))
-    for name, kind in _own_annotations(cls).items():
-        text = kind if isinstance(kind, str) else getattr(kind, "__name__", "")
-        if "ClassVar" in text or "InitVar" in text:
-            raise TypeError(f"record {cls.__qualname__}: {name}: {text} is not supported")
-        default = cls.__dict__.get(name, _MISSING)
+        for name, made in getattr(base, _FIELDS, {}).items():
+            if made._field_type is _FIELD:  # type: ignore[attr-defined]  # not a pseudo-field
+                found[name] = made
+    own = _own_annotations(cls)
+    for name, value in cls.__dict__.items():
+        if isinstance(value, dataclasses.Field) and name not in own:
+            raise TypeError(f"record {cls.__qualname__}: {name!r} is a field without an annotation")
+    for name, kind in own.items():
+        if _pseudo_field(kind):
+            raise TypeError(f"record {cls.__qualname__}: {name}: ClassVar, InitVar: not supported")
+        default = getattr(cls, name, _MISSING)
         if isinstance(default, dataclasses.Field):
             made = default
             if made.default is _MISSING:
@@ -126,13 +133,26 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
                 setattr(cls, name, made.default)
         else:
             made = dataclasses.field(default=default)
-        if isinstance(made.default, (list, dict, set)):
+        if made.default is not _MISSING and type(made.default).__hash__ is None:
             raise ValueError(f"mutable default {type(made.default)} for field {name} "
                              "is not allowed: use default_factory")  # fmt: skip
         made.name, made.type = name, kind
         made._field_type = _FIELD  # type: ignore[attr-defined]
         found[name] = made
     return found
+
+
+def _pseudo_field(kind: object) -> bool:
+    """A ``ClassVar`` or ``InitVar`` annotation, as text (``from __future__ import annotations``)
+    or as the object."""
+    if isinstance(kind, str):
+        return kind.startswith(("ClassVar", "typing.ClassVar", "InitVar", "dataclasses.InitVar"))
+    return (
+        kind is ClassVar
+        or getattr(kind, "__origin__", None) is ClassVar
+        or isinstance(kind, dataclasses.InitVar)
+        or kind is dataclasses.InitVar
+    )
 
 
 def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:

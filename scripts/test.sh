@@ -69,10 +69,10 @@ if [ "$FULL" = 1 ]; then
     PYTEST_ARGS+=(--full)
 fi
 
-# Bytecode for autoalloc, as pip writes it for an installed package: the tests start hundreds
-# of interpreters, each of which would otherwise compile it again (PYTHONDONTWRITEBYTECODE).
-env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -m compileall -q autoalloc _autoalloc_startup.py \
-    > /dev/null
+# Bytecode for autoalloc, as pip writes it for an installed package, before the tests'
+# interpreters start: those started with PYTHONDONTWRITEBYTECODE would each compile it again,
+# and the first of the others would race each other to write it. -q prints only errors.
+env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -m compileall -q autoalloc
 echo "ruff ..."
 "$VENV/bin/ruff" check autoalloc tests benchmarks
 echo "pytest on $("$VENV/bin/python" --version) ..."

@@ -160,7 +160,6 @@ def test_doctor_switched_off(sandbox: Sandbox) -> None:
     assert "note:         autoalloc is switched off here: AUTOALLOC_DISABLE is set" in result.stdout
 
 
-@pytest.mark.slow  # a job of several processes: the full run
 def test_doctor_inside_a_job_checks_what_the_parent_applied(sandbox: Sandbox) -> None:
     applied = {CUDA: "expandable_segments:True", "AUTOALLOC_APPLIED": "asr;expandable_segments:True"}
     result = doctor(sandbox, PY, applied, "--json")

@@ -161,7 +161,7 @@ def test_existing_options_are_merged(sandbox: Sandbox, torch_python: str) -> Non
     assert "max_split_size_mb" in warning
 
 
-@pytest.mark.slow  # test_conflicts and test_one_decision[env-conflict] keep one
+@pytest.mark.slow  # test_conflicts keeps one (and test_pipeline's env-conflict case, full run)
 def test_explicit_false_is_kept_unless_override(sandbox: Sandbox, torch_python: str) -> None:
     script = sandbox.script(NEMO)
     env = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
@@ -334,7 +334,6 @@ def test_inference_child_of_a_training_job_gets_the_users_variables_back(sandbox
     assert "CHILD_STDERR ''" in result.stdout
 
 
-@pytest.mark.slow  # a job of several processes: the full run (test_cli_errors checks the warnings)
 def test_a_bad_policy_file_warns_once_per_job(sandbox: Sandbox) -> None:
     sandbox.write("autoalloc.toml", "enabled = [unclosed\n")
     code = (

@@ -119,8 +119,8 @@ def unreadable(path: Path, kind: str) -> None:
         raise AssertionError(kind)
 
 
-# A FIFO (the one that could hang) in the quick run; how each kind is refused is also checked
-# in process (test_policy, the two hook tests below).
+# Every kind with --full; how each kind is refused is checked in process in the quick run
+# (test_policy, the two hook tests below: a FIFO is never opened).
 @pytest.mark.parametrize(
     "kind",
     [

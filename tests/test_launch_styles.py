@@ -97,7 +97,6 @@ def test_icefall_started_from_the_recipe_dir(sandbox: Sandbox) -> None:
     assert report["decision"]["writes"]["PYTORCH_CUDA_ALLOC_CONF"] == probe["env"]["PYTORCH_CUDA_ALLOC_CONF"]
 
 
-@pytest.mark.slow  # test_icefall_started_from_the_recipe_dir is the quick one
 def test_icefall_symlinked_recipe_and_checkout(sandbox: Sandbox) -> None:
     real = sandbox.script("icefall/egs/librispeech/ASR/zipformer/train.py")
     # other corpora symlink the zipformer dir of librispeech; the path as typed matches
@@ -432,7 +431,7 @@ print("DOCTOR " + json.dumps({"status": mine, "doctor": json.loads(child.stdout)
 """
 
 
-@pytest.mark.slow  # test_doctor and test_one_decision keep doctor in a job
+@pytest.mark.slow  # test_doctor keeps doctor in a job
 def test_lhotse_doctor_names_the_rule(sandbox: Sandbox) -> None:
     sandbox.user_policy('[[rules]]\nname = "lhotse-users"\nimports = ["lhotse"]\n')
     result = sandbox.run(["-c", DOCTOR, str(Path(PY).with_name("autoalloc"))])

@@ -74,7 +74,7 @@ CASES = {
 COMPARED = ("action", "rule", "rule_source", "read_var", "value", "writes", "unsets", "warnings")
 
 
-# Each case is one more decision kind on which they agree: five in the quick run, all with --full.
+# Each case is one more decision kind on which they agree: two in the quick run, all with --full.
 QUICK = ("matching", "non-matching")
 
 

@@ -166,7 +166,7 @@ def test_surrogate_escaped_script_path_matches_like_utf8(sandbox: Sandbox) -> No
     assert autoalloc_warnings(c_locale.stderr) == []
 
 
-@pytest.mark.slow  # a job of several processes: the full run
+@pytest.mark.slow  # the restore of a parent's values: test_disable_in_a_child_restores_what_the_parent_found
 def test_child_of_a_job_with_an_explicit_equal_value(sandbox: Sandbox) -> None:
     """The documented workaround: without AUTOALLOC_APPLIED, an equal value counts as the user's."""
     script = sandbox.script("serve/vllm_server.py")

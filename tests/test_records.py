@@ -183,3 +183,25 @@ def test_class_variables_are_refused_rather_than_taken_for_fields() -> None:
             """A ClassVar is no field."""
 
             total: ClassVar[int] = 0
+
+
+def test_inherited_defaults_and_annotations_as_objects() -> None:
+    # Without `from __future__ import annotations` the annotations are objects, not text.
+    space: dict = {}
+    exec(
+        "from dataclasses import InitVar, field\n"
+        "from typing import ClassVar\n"
+        "class Base:\n    x: int = 3\n"
+        "class Counted:\n    total: ClassVar[int] = 0\n"
+        "class Initial:\n    seed: InitVar[int] = 0\n"
+        "class Loose:\n    y = field(default=1)\n"
+        "class Shared:\n    buffer: bytearray = bytearray()\n",
+        space,
+    )
+    for decorate in (record(frozen=True), dataclass(frozen=True)):
+        child = decorate(type("Child", (space["Base"],), {"__annotations__": {"x": int}}))
+        assert child().x == 3  # the default a base gives the re-annotated field
+    for name, error in [("Counted", TypeError), ("Initial", TypeError), ("Loose", TypeError),
+                        ("Shared", ValueError)]:  # fmt: skip
+        with pytest.raises(error, match=r"ClassVar|annotation|mutable"):
+            record(space[name])

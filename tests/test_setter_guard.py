@@ -230,7 +230,7 @@ if __name__ == "__main__":
 
 # Both orders, with fork and with spawn (fresh interpreters warn once per job: the torchrun
 # test below).
-@pytest.mark.slow  # forked DataLoader workers: the full run, as the other multi-process runs
+@pytest.mark.slow  # DataLoader workers: the full run, as the other multi-process runs
 @pytest.mark.parametrize(
     ("main_first", "context"),
     [
