@@ -46,7 +46,7 @@ from autoalloc.torchinfo import TorchInfo
 __all__ = ["Action", "Decision", "decide", "disabled", "resolve"]
 ISSUE_119452 = "https://github.com/pytorch/pytorch/issues/119452"
 ISSUE_123548 = "https://github.com/pytorch/pytorch/issues/123548"
-SEGMENTS = "expandable_segments"
+SEGMENTS = allocconf.SEGMENTS
 
 Action = Literal["apply", "skip", "none", "disabled", "inherited"]
 

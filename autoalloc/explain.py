@@ -21,7 +21,6 @@ from autoalloc.match import pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy, Rule
 
-_PYTHON_RE = r"python[0-9.]*(\.exe)?\Z"
 _RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
 _RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
 
@@ -31,7 +30,7 @@ def interpreter_argv(command: Sequence[str]) -> list[str]:
     if not command:
         return []
     first = command[0]
-    if re.match(_PYTHON_RE, os.path.basename(first)) or first == sys.executable:
+    if re.match(wrappers.PYTHON_NAME, os.path.basename(first)) or first == sys.executable:
         return list(command)
     if first.endswith((".py", ".pyw")) or os.path.isdir(first):
         return [sys.executable, *command]

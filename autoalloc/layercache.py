@@ -205,9 +205,19 @@ def put(kind: str, key: tuple, data: object, value: object) -> None:
                 pass
 
 
+_PACKAGES: dict[str, tuple] = {}
+
+
 def _package_files(name: str) -> tuple:
     """The identity of an installed package's ``__init__.py`` and ``version.py`` (an upgrade
-    rewrites them), found without importing it."""
+    rewrites them), found without importing it; looked up once per process (the site and the
+    user config directories both depend on platformdirs)."""
+    if name not in _PACKAGES:
+        _PACKAGES[name] = _find_package_files(name)
+    return _PACKAGES[name]
+
+
+def _find_package_files(name: str) -> tuple:
     from importlib.machinery import PathFinder
 
     spec = PathFinder.find_spec(name)

@@ -387,15 +387,19 @@ def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
     # A file used in part is "found", with a message saying what was left out.
     done = replace(read, config=config, message=summarize(problems))
     if read.data and read.path:
-        key = (read.layer, read.path, allow_trust, os.environ.get("HOME"))
+        key = _layer_key(read.layer, read.path, allow_trust)
         layercache.put("layer", key, read.data, (done.status, done.message, config))
     return done
 
 
+def _layer_key(layer: LayerName, path: str, allow_trust: bool) -> tuple:
+    """What a validated layer depends on besides its bytes (HOME: ``~`` in patterns)."""
+    return (layer, path, allow_trust, os.environ.get("HOME"))
+
+
 def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> LayerStatus | None:
     """The layer validated from exactly these bytes by an earlier process (``layercache``)."""
-    key = (layer, path, allow_trust, os.environ.get("HOME"))  # HOME: '~' in patterns
-    hit = layercache.get("layer", key, data)
+    hit = layercache.get("layer", _layer_key(layer, path, allow_trust), data)
     if not isinstance(hit, tuple) or len(hit) != 3 or not isinstance(hit[2], LayerConfig):
         return None
     return LayerStatus(layer, path, hit[0], hit[1], config=hit[2], data=data)

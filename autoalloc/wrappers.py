@@ -26,7 +26,7 @@ ProgramKind = Literal["python", "command"]
 Mode = Literal["script", "module", "code", "command"]
 
 MAX_DEPTH = 8  # `coverage run -m torch.distributed.run ... train.py` is two; more is a loop
-_PYTHON_RE = r"python[0-9.]*(\.exe)?\Z"
+PYTHON_NAME = r"python[0-9.]*(\.exe)?\Z"  # an interpreter's file name (a regex)
 
 
 @record(frozen=True)
@@ -112,7 +112,7 @@ def _target(mode: Mode, rest: Sequence[str], cwd: str | None) -> EntryPoint | No
         return EntryPoint("module", rest[0], tuple(rest[1:]))
     if mode == "code":
         return EntryPoint("code", "", tuple(rest[1:]))
-    if mode == "command" and re.match(_PYTHON_RE, os.path.basename(rest[0])):
+    if mode == "command" and re.match(PYTHON_NAME, os.path.basename(rest[0])):
         return parse(list(rest), cwd)
     if rest[0] == "-":
         return None
