@@ -1,7 +1,7 @@
 """autoalloc: set PyTorch's CUDA allocator options for matching programs before CUDA starts.
 
-This module is imported by the startup hook in every process, so it imports nothing;
-the public names are loaded on first access.
+Every process that looks up ``torch`` imports it (the watcher's ``autoalloc.watch``), so it
+imports nothing; the public names are loaded on first access.
 """
 
 __version__ = "0.1.0"

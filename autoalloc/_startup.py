@@ -1,30 +1,35 @@
-"""Arm autoalloc at interpreter start: opt-out checks and an import watcher for ``torch``.
+"""Arm autoalloc at interpreter start: this module goes on ``sys.meta_path`` and waits for torch.
 
-Every Python process in the environment runs ``main()`` (from ``autoalloc.pth``, or
-``autoalloc.start`` on Python 3.15+), so this module only touches ``sys``, ``os`` and
-``_thread``, which the interpreter has already loaded, and does no work until ``torch`` is imported.
-It never raises, never prints (except under ``AUTOALLOC_DEBUG``), never exits.
+Every Python process in the environment loads it (``autoalloc.pth``, or ``autoalloc.start``
+on Python 3.15+), so it is as small as a finder can be: it touches only ``sys`` and ``os``,
+which the interpreter has already loaded, defines no class, and does nothing until ``torch``
+is looked up. The module itself is the meta-path finder (its ``find_spec`` function is the
+finder's method): a class here, or the loader wrapper, would cost every ``python -c pass``
+their creation. The rest of the watcher (``autoalloc.watch``) is imported at the first
+lookup of a watched name. It never raises, never prints, never exits.
 
 The wheel ships this file twice: as ``autoalloc._startup`` and as the top-level module
-``_autoalloc_startup``, which is what the startup files load. One top-level module costs
-one import at start-up instead of two (the package, then this module).
-``os`` is imported inside the functions: a module-level ``os`` would keep the ``os``
-module alive through the armed watcher until late interpreter shutdown, which costs
-``python -c pass`` more than the import itself.
+``_autoalloc_startup``, which the startup files load and which arms itself when imported
+under that name, so the ``.pth`` line needs no call. ``os`` is imported inside ``main``: a
+module-level ``os`` would keep the ``os`` module alive through the armed watcher until late
+interpreter shutdown, which costs ``python -c pass`` more than the import itself.
 """
 
 import sys
-from _thread import get_ident  # built in, loaded by importlib's bootstrap before site runs
 
 # The environment variables this module reads, and only those: its own copies of
 # autoalloc.envvars' names (it must import nothing of the package); tests/test_layout.py
 # checks that they agree and that each is used.
 DISABLE_VAR = "AUTOALLOC_DISABLE"  # switch autoalloc off for this process and its children
-DEBUG_VAR = "AUTOALLOC_DEBUG"  # trace each decision to stderr
 ORIGINAL_VAR = "AUTOALLOC_ORIGINAL"  # JSON: the allocator variables before autoalloc wrote them
 REPORT_VAR = "AUTOALLOC_REPORT"  # write a report of the optimizer steps at exit (file, dir, -)
 
 _TRUE = ("1", "true", "yes", "on")
+
+autoalloc_watcher = True  # how autoalloc and its tests find the armed watcher on sys.meta_path
+# The names watched: torch, then (after torch's decision) the policy's pending import
+# triggers; the watcher leaves sys.meta_path once the set is empty.
+names = {"torch"}
 
 
 def truthy(value: "str | None") -> bool:
@@ -32,120 +37,15 @@ def truthy(value: "str | None") -> bool:
     return value is not None and value.strip().lower() in _TRUE
 
 
-class Watcher:
-    """Meta-path finder that wakes up only for the names in ``names``.
-
-    It starts with ``{"torch"}``; after torch's decision it holds the policy's pending import
-    triggers, and it removes itself once there is nothing left to watch. It decides nothing
-    itself: it hands back the module's real spec with the loader wrapped (``Loader``), so a
-    probe (``importlib.util.find_spec``, a failed ``try: import x``) costs a spec lookup and
-    autoalloc acts only when the module really executes.
-    """
-
-    autoalloc_watcher = True
-
-    def __init__(self) -> None:
-        self.names = {"torch"}
-        # The threads inside find_spec now: a thread's own nested lookup (the finders after
-        # this one looking for the same name) is not watched again, while another thread's
-        # import of torch at that moment still is. `_thread` is built in and always loaded.
-        self.busy: set = set()
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname not in self.names:
-            return None
-        ident = get_ident()
-        if ident in self.busy:
-            return None
-        self.busy.add(ident)
-        try:
-            spec = self._real_spec(fullname, path, target)
-            loader = getattr(spec, "loader", None)
-            if hasattr(loader, "exec_module") and not isinstance(loader, Loader):
-                spec.loader = Loader(loader)
-            return spec
-        except Exception as exc:  # never break the host program's import
-            _trace(f"internal error at import of {fullname}: {exc!r}")
-            return None
-        finally:
-            self.busy.discard(ident)
-
-    def _real_spec(self, fullname, path, target):
-        """The spec the finders after this one give (None: the module does not exist)."""
-        meta_path = sys.meta_path
-        start = next((i + 1 for i, f in enumerate(meta_path) if f is self), 0)
-        for finder in meta_path[start:]:
-            find_spec = getattr(finder, "find_spec", None)
-            if find_spec is not None:
-                spec = find_spec(fullname, path, target)
-                if spec is not None:
-                    return spec
+def find_spec(fullname, path=None, target=None):
+    """The finder's method: ``None`` at once, unless ``fullname`` is watched."""
+    if fullname not in names:
         return None
-
-    def invalidate_caches(self) -> None:
-        pass
-
-
-class Loader:
-    """A watched module's real loader, wrapped: autoalloc acts when the module executes.
-
-    Right before ``torch`` executes it decides and writes the environment (libc10 has not
-    loaded yet); after a module has executed it installs the guards (torch) or applies a
-    policy import trigger. Everything else goes to the real loader, which is put back on
-    the module and its spec once it has executed. Module-level, so a spec holding it pickles.
-    """
-
-    def __init__(self, loader) -> None:
-        self.loader = loader
-
-    # Tools test a spec's loader with isinstance (importlib.abc.Loader, SourceFileLoader):
-    # isinstance also consults ``__class__``, so the wrapper answers as the loader it wraps,
-    # without importing importlib.abc at start-up. ``__reduce__`` keeps pickle on this class.
-    @property
-    def __class__(self):
-        return type(self.__dict__["loader"]) if "loader" in self.__dict__ else Loader
-
-    def __reduce__(self):
-        return (Loader, (self.loader,))
-
-    def __getattr__(self, name):
-        if name.startswith("__") or "loader" not in self.__dict__:  # pickle's probes
-            raise AttributeError(name)
-        return getattr(self.__dict__["loader"], name)
-
-    def create_module(self, spec):
-        return self.loader.create_module(spec)
-
-    def exec_module(self, module) -> None:
-        imported = set(sys.modules)  # the program's modules, before autoalloc imports its own
-        run("before_exec", module, imported)
-        self.loader.exec_module(module)
-        spec = getattr(module, "__spec__", None)
-        if getattr(spec, "loader", None) is self:
-            spec.loader = self.loader
-        if getattr(module, "__loader__", None) is self:
-            module.__loader__ = self.loader
-        run("after_exec", module, imported)
-
-
-def run(step: str, *args) -> None:
-    """Call ``autoalloc.hook.<step>``; the decision machinery is imported only now."""
     try:
-        from autoalloc import hook
-
-        getattr(hook, step)(*args)
-    except Exception as exc:  # never break the host program's import
-        _trace(f"internal error in {step}: {exc!r}")
-
-
-def _trace(message: str) -> None:
-    import os
-
-    if truthy(os.environ.get(DEBUG_VAR)):
-        try:
-            sys.stderr.write(f"autoalloc: {message}\n")
-        except Exception:
-            pass
+        from autoalloc import watch
+    except Exception:  # the package is gone (an editable checkout removed): stay out of the way
+        return None
+    return watch.find_spec(sys.modules.get(__name__), fullname, path, target)
 
 
 def pin_report(env) -> None:
@@ -164,7 +64,7 @@ def pin_report(env) -> None:
 
 
 def main() -> None:
-    """Startup entry point; idempotent, because venvs process ``.pth`` files twice."""
+    """Put this module on ``sys.meta_path``; idempotent (venvs process ``.pth`` files twice)."""
     try:
         import os
 
@@ -185,6 +85,10 @@ def main() -> None:
                 return
         if "torch" in sys.modules:
             return
-        meta_path.insert(0, Watcher())
+        meta_path.insert(0, sys.modules[__name__])
     except Exception:
         pass
+
+
+if __name__ == "_autoalloc_startup":  # loaded by the .pth line: arm now
+    main()

@@ -263,7 +263,9 @@ NET_SCRIPT = textwrap.dedent(
         import importlib.util, types
         module = types.ModuleType("torch")
         module.__spec__ = importlib.util.find_spec("torch")
-        sys.modules["_autoalloc_startup"].run("before_exec", module, set(sys.modules))
+        from autoalloc import watch  # what the watcher loads at the lookup of torch
+
+        watch.run("before_exec", module, set(sys.modules))
         import autoalloc.guards
     if mode == "list":
         import json

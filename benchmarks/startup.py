@@ -479,10 +479,11 @@ def p1(venv: Venv, env: dict, cwd: str, runs: int, warmup: int, probe_runs: int 
 # The hook's own work, timed inside one process: far less exposed to other processes than
 # the whole-process comparison. Wall (perf_counter) and CPU (process_time) nanoseconds.
 PTH_LINE_PROBE = """
-import sys, time
+import os, sys, time
 src = open(sys.argv[1], encoding="utf-8").read()
+scope = {"sitedir": os.path.dirname(os.path.abspath(sys.argv[1]))}  # as site.addpackage has it
 t0, c0 = time.perf_counter_ns(), time.process_time_ns()
-exec(src)  # what site.py does with an import line of a .pth file
+exec(src, scope)  # what site.py does with an import line of a .pth file
 t1, c1 = time.perf_counter_ns(), time.process_time_ns()
 assert any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path)
 print(t1 - t0, c1 - c0)
@@ -494,7 +495,7 @@ import sys, time  # both loaded at start-up already: this probe must not import 
 # timing below is what the hook adds to the process ("net") rather than what it moves earlier.
 for name in sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []:
     __import__(name)
-startup = sys.modules["_autoalloc_startup"]  # what autoalloc.pth loaded
+from autoalloc import watch as startup  # what the watcher loads at the lookup of torch
 spent = {"decide": [0, 0], "guards": [0, 0]}
 run = startup.run
 imported = set()

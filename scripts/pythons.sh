@@ -4,7 +4,7 @@
 # PATH. Each gets a venv with autoalloc installed editable (hatchling), tomli below 3.11.
 #   scripts/pythons.sh [--skip X.Y]   X.Y: a version whose tests run elsewhere (scripts/test.sh
 #                                     runs the whole suite on its own venv's Python)
-# A venv is reinstalled only when pyproject.toml changed since its last install.
+# A venv is reinstalled only when the files an install copies changed since its last install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/pip_install.sh
@@ -21,7 +21,8 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ -z "$py" ]; then echo "python$v: not found, skipped"; continue; fi
     venv=".venv-py$v"
     stamp="$venv/.autoalloc-installed"
-    want="$(cat pyproject.toml autoalloc.pth autoalloc.start | sha256sum | cut -d' ' -f1) $py"
+    # _startup.py too: the editable install copies it into site-packages as _autoalloc_startup.py
+    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py | sha256sum | cut -d' ' -f1) $py"
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
         echo "installing autoalloc, pytest and hypothesis into $venv ..."

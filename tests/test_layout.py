@@ -71,8 +71,11 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+STARTUP = {"_startup", "watch"}  # the finder armed at start-up, and its lazily loaded rest
+
+
 def part(name: str) -> int:
-    if name == "_startup":
+    if name in STARTUP:
         return 0
     for level, names in enumerate((LEAVES, DECISION, APPLICATION), start=1):
         if name in names:
@@ -94,7 +97,9 @@ def allowed(name: str, target: str) -> bool:
     if (name, target) in WIRED:
         return True
     if name == "_startup":
-        return target == "hook"  # lazily, when torch executes
+        return target == "watch"  # lazily, at the first lookup of a watched name
+    if name == "watch":
+        return target in ("hook", "envvars")  # lazily, when a watched module executes
     low, high = sorted((part(name), part(target)))
     if part(target) == 0 or (low, high) == (3, 4):
         return False  # nothing imports the start-up module; application and measurement: beside

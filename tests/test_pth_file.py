@@ -6,8 +6,12 @@ skip the line silently), no ``exec``/``eval``/encoded payload, starting with ``i
 only lines ``site`` executes), and named so that it sorts after editable-install ``.pth``
 files. Behaviour: with the package present it arms one watcher; without it, nothing.
 The line loads ``_autoalloc_startup``, the wheel's top-level copy of ``autoalloc/_startup.py``
-(one import instead of two), after asking the import system's own path finder whether it is
-there (so a ``.pth`` left behind costs nothing and says nothing).
+(one import instead of two), which arms itself when imported under that name, after checking
+that the file lies beside the ``.pth`` (``sitedir``: the directory ``site.addpackage`` is
+processing, in scope where it executes the line, on every Python that runs ``.pth`` import
+lines for this package, 3.9 to 3.14; 3.15+ runs ``autoalloc.start`` instead). So a ``.pth``
+left behind costs nothing and says nothing. (Asking the import system's path finder instead
+cost ``python -c pass`` 1.34 M instructions against this line's 1.07 M, on Python 3.11.)
 """
 
 from __future__ import annotations
@@ -50,9 +54,10 @@ def test_pth_has_no_exec_eval_or_encoded_content() -> None:
     assert not words & {"exec", "eval", "compile", "base64", "b64decode", "codecs", "marshal", "pickle", "zlib",
                         "subprocess", "system", "popen", "urllib", "socket", "getattr", "globals", "open"}
     assert not re.search(r"\\x|\\u|\\[0-7]{3}|[A-Za-z0-9+/]{40,}", line)  # no escapes, no long encoded blobs
-    # It names exactly the module it looks for, imports, and the function it calls.
-    assert re.findall(r"""find_spec\("([^"]+)"\)""", line) == [TOP_LEVEL]
-    assert re.findall(r"""__import__\("([^"]+)"\)\.main\(\)""", line) == [TOP_LEVEL]
+    # It names exactly the file it looks for beside itself and the module it imports.
+    assert re.findall(r"""sitedir \+ "/([^"/]+)\.py"\)""", line) == [TOP_LEVEL]
+    assert re.findall(r"""__import__\("([^"]+)"\)""", line) == [TOP_LEVEL]
+    assert line.rstrip("\n").endswith(f'__import__("{TOP_LEVEL}")')  # and calls nothing
 
 
 def test_pth_sorts_after_editable_install_files() -> None:
@@ -154,9 +159,9 @@ def test_pth_line_in_isolated_mode_arms_nothing(tmp_path: Path) -> None:
 
 def test_pth_line_twice_arms_one_watcher(tmp_path: Path) -> None:
     """venvs process site-packages twice (cpython#75723): the line runs twice, one watcher."""
-    line = PTH.read_text()
     site_dir = _site_dir(tmp_path, top_level=True)
-    code = f"import sys\nsys.path.insert(0, {str(site_dir)!r})\n{line}{line}print({WATCHERS})\n"
+    add = f"site.addsitedir({str(site_dir)!r})\n"
+    code = f"import site, sys\n{add}{add}print({WATCHERS})\n"
     result = _python_s(code, tmp_path)
     assert (result.returncode, result.stdout, result.stderr) == (0, "1\n", "")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import _startup
+from autoalloc import _startup, watch
 from tests.helpers import PY, clean_env
 
 LOADER_CHECKS = """
@@ -61,13 +61,13 @@ def test_find_spec_loader_passes_isinstance_and_pickles(tmp_path: Path) -> None:
 
 def test_wrapper_isinstance_in_process() -> None:
     real = importlib.machinery.SourceFileLoader("x", __file__)
-    wrapped = _startup.Loader(real)
+    wrapped = watch.Loader(real)
     assert isinstance(wrapped, importlib.abc.Loader)
     assert isinstance(wrapped, importlib.machinery.SourceFileLoader)
-    assert isinstance(wrapped, _startup.Loader)  # the watcher still knows its own wrapper
-    assert not isinstance(real, _startup.Loader)
+    assert isinstance(wrapped, watch.Loader)  # the watcher still knows its own wrapper
+    assert not isinstance(real, watch.Loader)
     again = pickle.loads(pickle.dumps(wrapped))
-    assert type(again) is _startup.Loader and again.loader.path == __file__
+    assert type(again) is watch.Loader and again.loader.path == __file__
 
 
 class Gate:
@@ -83,23 +83,24 @@ class Gate:
         return None
 
 
-def _look(watcher: _startup.Watcher, specs: list[object]) -> None:
+def _look(specs: list[object]) -> None:
     try:
-        specs.append(watcher.find_spec("torch"))
+        specs.append(_startup.find_spec("torch"))
     except threading.BrokenBarrierError:
         specs.append("broken")
 
 
 def test_concurrent_lookups_are_each_watched() -> None:
     threads_per_round, rounds = 4, 200
-    watcher = _startup.Watcher()
+    watcher = _startup  # the module is the finder
+    assert _startup.names == {"torch"}
     for _ in range(rounds):
         gate = Gate(threads_per_round)
         specs: list[object] = []
         sys.meta_path[:0] = [watcher, gate]
         try:
             threads = [
-                threading.Thread(target=_look, args=(watcher, specs))
+                threading.Thread(target=_look, args=(specs,))
                 for _ in range(threads_per_round)
             ]
             for thread in threads:
@@ -112,7 +113,7 @@ def test_concurrent_lookups_are_each_watched() -> None:
         # Every thread got torch's spec with the loader wrapped: none was turned away because
         # another thread was inside the watcher at that moment.
         assert [type(getattr(s, "loader", s)).__name__ for s in specs] == ["Loader"] * len(specs)
-        assert watcher.busy == set()
+        assert watch._busy == set()
 
 
 RACE = """
