@@ -117,7 +117,7 @@ class PathGlob:
         # Cheap necessary conditions, checked first: most rules fail on them (every rule of
         # the policy is looked at, at every `import torch`).
         self._literals = frozenset(p for p in parts if p and p != "**" and not _has_magic(p))
-        self._last = None if parts[-1] == "**" else _segment(parts[-1])
+        self._last: NameGlob | None = None  # the file-name segment's matcher, built on demand
 
     def _build(self) -> tuple:
         parts = self._parts
@@ -133,13 +133,15 @@ class PathGlob:
         return tuple(segments)
 
     def match(self, path: str) -> bool:
-        parts = path.split("/")
-        if self._fixed > len(parts):
+        parts, present = _split(path)
+        if self._fixed > len(parts) or not self._literals <= present:
             return False
-        if self._last is not None and not self._last.match(parts[-1]):
-            return False
-        if not self._literals.issubset(parts):
-            return False
+        last = self._parts[-1]
+        if last != "**":
+            if self._last is None:
+                self._last = _segment(last)
+            if not self._last.match(parts[-1]):
+                return False
         if self._segments is None:
             self._segments = self._build()
         pattern = self._segments
@@ -160,6 +162,21 @@ class PathGlob:
         while p < len(pattern) and pattern[p] is _DSTAR:
             p += 1
         return p == len(pattern)
+
+
+_SPLIT: dict[str, tuple[tuple[str, ...], frozenset[str]]] = {}
+
+
+def _split(path: str) -> tuple[tuple[str, ...], frozenset[str]]:
+    """``path``'s segments, and as a set: split once per path, not once per pattern (a
+    decision matches the same one or two paths against every rule's patterns)."""
+    found = _SPLIT.get(path)
+    if found is None:
+        if len(_SPLIT) >= 64:  # a long-lived process checking many paths: stay small
+            _SPLIT.clear()
+        parts = tuple(path.split("/"))
+        found = _SPLIT[path] = (parts, frozenset(parts))
+    return found
 
 
 class PathGlobs:
