@@ -22,6 +22,8 @@ HIP_VAR = "PYTORCH_HIP_ALLOC_CONF"
 ALLOC_VAR = "PYTORCH_ALLOC_CONF"
 ALL_VARS = (CUDA_VAR, HIP_VAR, ALLOC_VAR)
 SEGMENTS = "expandable_segments"
+# What a policy's [allocator] holds before any file sets it: a rule that applies gets it.
+DEFAULT_ALLOCATOR = {SEGMENTS: "True"}
 
 
 class ConfError(ValueError):

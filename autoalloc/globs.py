@@ -113,10 +113,12 @@ class PathGlob:
         parts = text.split("/")
         self._parts = parts
         self._segments: tuple | None = None  # built by the first match that gets past the checks
-        self._fixed = sum(1 for part in parts if part != "**") + (parts[-1] == "**")
+        self._fixed = len(parts) - parts.count("**") + (parts[-1] == "**")
         # Cheap necessary conditions, checked first: most rules fail on them (every rule of
         # the policy is looked at, at every `import torch`).
-        self._literals = frozenset(p for p in parts if p and p != "**" and not _has_magic(p))
+        self._literals = frozenset(
+            [p for p in parts if p and "*" not in p and "?" not in p and "[" not in p]
+        )
         self._last: NameGlob | None = None  # the file-name segment's matcher, built on demand
 
     def _build(self) -> tuple:

@@ -51,7 +51,10 @@ _ALLOWED = frozenset(
     }
 )
 # the modules whose code decides what a validated layer holds
-_CODE = ("policy", "schema", "globs", "wrappers", "allocconf", "messages", "sources", "layercache")
+_CODE = (
+    "policy", "schema", "problems", "globs", "wrappers", "allocconf", "messages", "sources",
+    "layercache",
+)
 
 
 _ENABLED: list[bool] = []
@@ -96,13 +99,16 @@ def _code_identity() -> tuple:
 
 
 def _code_files() -> tuple:
+    # By file, not by loaded module: a process that finds its layers here never imports the
+    # validator (schema), and must still compute the identity the writing process did.
     out: list = [FORMAT, sys.implementation.cache_tag]
+    here = os.path.dirname(os.path.abspath(__file__))
     for name in _CODE:
-        module = sys.modules.get(f"autoalloc.{name}")
-        path = getattr(module, "__file__", None)
-        if not path:
+        path = os.path.join(here, f"{name}.py")
+        try:
+            st = os.stat(path)
+        except OSError:  # a source-less installation: no identity, no cache
             return ()
-        st = os.stat(path)
         out.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
     return tuple(out)
 

@@ -1,6 +1,6 @@
 """Policy: one TOML layer as records, and layers composed into one Policy with provenance.
 
-Pure functions: a TOML dict in, a ``LayerConfig`` (and the problems that ``schema``'s walk
+Pure functions: a TOML dict in, a ``LayerConfig`` (and the ``Problem``s that ``schema``'s walk
 found, or a ``PolicyError`` naming the key) out; a list of layers in, a ``Policy`` out.
 What a file may hold is ``schema``'s; reading files is ``sources``' job.
 """
@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
-from autoalloc import globs, schema
+from autoalloc import globs
+from autoalloc.allocconf import DEFAULT_ALLOCATOR
+from autoalloc.problems import PolicyError, Problem
 from autoalloc.records import record
-from autoalloc.schema import DEFAULT_ALLOCATOR, PolicyError, Problem
 from autoalloc.wrappers import Wrapper
 
 LayerName = Literal["builtin", "site", "user", "project", "env"]
@@ -152,6 +153,8 @@ def _layer(
     data: object, source: Source, allow_trust: bool
 ) -> tuple[LayerConfig, tuple[Problem, ...]]:
     """One layer's records, built from what the schema's walk kept, and its problems."""
+    from autoalloc import schema  # only where a file is parsed: cached layers skip it
+
     document = schema.walk(data, source.layer, allow_trust)
     settings = document.settings
     config = LayerConfig(

@@ -19,7 +19,9 @@ from dataclasses import field
 from typing import Any, Literal
 
 from autoalloc import allocconf
+from autoalloc.allocconf import DEFAULT_ALLOCATOR
 from autoalloc.messages import closest, did_you_mean, meaning, shortened
+from autoalloc.problems import PolicyError, Problem
 from autoalloc.records import record
 
 MAX_LIST = 10_000  # entries of one list, rules and wrappers of one file included
@@ -28,10 +30,6 @@ NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z"
 NAME_RULE = "name must be letters, digits, '-', '_' or '.' (at most 100)"
 
 Kind = Literal["bool", "text", "strings", "paths", "choice", "allocator", "tables"]
-
-
-class PolicyError(ValueError):
-    """A policy file, or a part of it, that cannot be used; the message names the key."""
 
 
 @record(frozen=True)
@@ -53,9 +51,6 @@ class Item:
     # key -> the key it qualifies, which must be given with it (not_imports needs imports)
     requires: Mapping[str, str] = field(default_factory=dict)
 
-
-# What a policy's [allocator] holds before any file sets it: a rule that applies gets it.
-DEFAULT_ALLOCATOR = {"expandable_segments": "True"}
 
 ACTIONS = ("apply", "skip")
 CONFLICT_MODES = ("keep", "override")
@@ -111,18 +106,6 @@ TOP = {
     "wrappers": Field("tables"),
 }
 ITEMS = {"rules": RULE, "wrappers": WRAPPER}
-
-
-@record(frozen=True)
-class Problem:
-    """One mistake: what is wrong (naming the key) and what it costs."""
-
-    text: str
-    cost: str
-
-    def sentence(self) -> str:
-        end = "" if self.text.endswith(("?", ".")) else "."
-        return f"{self.text}{end} {self.cost}"
 
 
 @record(frozen=True)

@@ -14,7 +14,8 @@ import pytest
 
 from autoalloc import layercache
 
-# What a process decides from the layers, and whether it needed a TOML parser or platformdirs.
+# What a process decides from the layers, and whether it needed a TOML parser, platformdirs or
+# the validator.
 DECIDE = """
 import json, os, sys
 from autoalloc import decide, entrypoint, layercache, sources
@@ -30,6 +31,7 @@ print(json.dumps({
     "rules": [[r.name, r.action, r.scripts, dict(r.allocator)] for r in policy.rules],
     "parsed": "tomllib" in sys.modules or "tomli" in sys.modules,
     "platformdirs": "platformdirs" in sys.modules,
+    "schema": "autoalloc.schema" in sys.modules,
 }))
 """
 
@@ -58,17 +60,18 @@ def entries(sandbox) -> list[Path]:
 
 
 def same(a: dict, b: dict) -> bool:
-    return {k: v for k, v in a.items() if k not in ("parsed", "platformdirs")} == {
-        k: v for k, v in b.items() if k not in ("parsed", "platformdirs")
+    how = ("parsed", "platformdirs", "schema")
+    return {k: v for k, v in a.items() if k not in how} == {
+        k: v for k, v in b.items() if k not in how
     }
 
 
 def test_a_later_process_uses_the_layers_validated_before(sandbox) -> None:
     sandbox.user_policy(USER)
     first = decide(sandbox)
-    assert first["parsed"] and first["decision"][:2] == ["apply", "lab-a"]
+    assert first["parsed"] and first["schema"] and first["decision"][:2] == ["apply", "lab-a"]
     second = decide(sandbox)
-    assert not second["parsed"] and not second["platformdirs"]
+    assert not second["parsed"] and not second["platformdirs"] and not second["schema"]
     assert same(first, second)
     for path in [*entries(sandbox), cache(sandbox) / "autoalloc"]:
         assert path.stat().st_mode & 0o077 == 0, path
