@@ -1,7 +1,7 @@
 """autoalloc: set PyTorch's CUDA allocator options for matching programs before CUDA starts.
 
-Every process that looks up ``torch`` imports it (the watcher's ``autoalloc.watch``), so it
-imports nothing; the public names are loaded on first access.
+Every process that imports torch imports it (the startup watcher imports ``autoalloc.hook``),
+so it imports nothing; the public names are loaded on first access.
 """
 
 __version__ = "0.1.0"

@@ -163,8 +163,10 @@ def _on_optimizer() -> None:
     if STATE.adaptive is not None and _segments_on(STATE.plan.decision):
         STATE.adaptive.stop()  # nothing left to notice
     watcher = _watcher()
-    if watcher is not None:
+    if watcher is not None:  # nothing left to watch: off sys.meta_path, as after_exec does
         watcher.names.clear()
+        if watcher in sys.meta_path:
+            sys.meta_path.remove(watcher)
 
 
 def _late(decide: Callable[[InEffect], Plan]) -> Plan:

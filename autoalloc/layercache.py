@@ -53,7 +53,7 @@ _ALLOWED = frozenset(
 # the modules whose code decides what a validated layer holds
 _CODE = (
     "policy", "schema", "problems", "globs", "wrappers", "allocconf", "messages", "sources",
-    "layercache",
+    "layercache", "records",
 )
 
 

@@ -77,10 +77,10 @@ _IMPORTLIB_DIR = os.path.dirname(getattr(importlib, "__file__", None) or "<no im
 
 
 def _is_internal(filename: str) -> bool:
-    # the startup module also ships top-level, as _autoalloc_startup.py beside the package
+    # the start-up modules also ship top-level, beside the package
     return filename.startswith(
         ("<frozen importlib", PACKAGE_DIR + os.sep, _IMPORTLIB_DIR + os.sep)
-    ) or os.path.basename(filename) == "_autoalloc_startup.py"
+    ) or os.path.basename(filename) in ("_autoalloc_startup.py", "_autoalloc_loader.py")
 
 
 def _skipped_by_warnings(filename: str) -> bool:

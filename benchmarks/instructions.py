@@ -119,6 +119,18 @@ def arms(venv: wall.Venv, argv: list[str], env: dict, cwd: Path, off: int | None
 # --------------------------------------------------------------------------- cases
 
 
+# The floors of any .pth that imports a module: an empty one, imported as is, and imported
+# behind the check autoalloc's line makes (that the module lies beside the .pth).
+FLOOR_MODULE = "_autoalloc_floor_empty"
+FLOOR_PTHS = {
+    "empty-module": f"import {FLOOR_MODULE}\n",
+    "empty-module-checked": (
+        f'import os; os.path.exists(sitedir + "/{FLOOR_MODULE}.py") '
+        f'and __import__("{FLOOR_MODULE}")\n'
+    ),
+}
+
+
 def case_site(venv: wall.Venv, env: dict, work: Path, none: int | None) -> dict:
     """P1': each .pth alone in the venv, ``python -c pass``; cost = count minus no .pth."""
     site = venv._site
@@ -134,11 +146,35 @@ def case_site(venv: wall.Venv, env: dict, work: Path, none: int | None) -> dict:
                 out[arm] = count(argv, env, work)
             finally:
                 wall.place(site, name, False)
+        out.update(floors(venv, argv, env, work))
     finally:
         venv.set_hook(True)
     out["autoalloc"] = count(argv, env, work)
-    cost = {arm: out[arm] - out["none"] for arm in ("autoalloc", "distutils", "bare")}
+    arms = ("autoalloc", "distutils", "bare", *FLOOR_PTHS)
+    cost = {arm: out[arm] - out["none"] for arm in arms}
     return {"counts": out, "cost": cost, "ratio": cost["autoalloc"] / cost["distutils"]}
+
+
+def floors(venv: wall.Venv, argv: list[str], env: dict, work: Path) -> dict:
+    """``python -c pass`` with a .pth importing an empty module (bytecode compiled)."""
+    site, out = venv._site, {}
+    module = site / f"{FLOOR_MODULE}.py"
+    module.write_text("")
+    writes = {k: v for k, v in env.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([venv.python, "-m", "py_compile", str(module)], check=True, env=writes)
+    try:
+        for arm, line in FLOOR_PTHS.items():
+            pth = site / "zz-autoalloc-floor.pth"
+            pth.write_text(line)
+            try:
+                out[arm] = count(argv, env, work)
+            finally:
+                pth.unlink()
+    finally:
+        module.unlink()
+        for pyc in (site / "__pycache__").glob(f"{FLOOR_MODULE}.*"):
+            pyc.unlink()
+    return out
 
 
 def nemo_tree(root: Path, rules: int) -> Path:
@@ -263,9 +299,9 @@ NET_SCRIPT = textwrap.dedent(
         import importlib.util, types
         module = types.ModuleType("torch")
         module.__spec__ = importlib.util.find_spec("torch")
-        from autoalloc import watch  # what the watcher loads at the lookup of torch
+        import _autoalloc_loader  # what the watcher imports at the lookup of torch
 
-        watch.run("before_exec", module, set(sys.modules))
+        _autoalloc_loader.run("before_exec", module, set(sys.modules))
         import autoalloc.guards
     if mode == "list":
         import json
@@ -331,6 +367,12 @@ def table(r: dict) -> str:
             f"(`import sys` .pth: {m(s['cost']['bare'])}) | {m(s['cost']['distutils'])} | "
             f"{m(s['cost']['autoalloc'])} | {s['ratio']:.2f}x | <= 0.5x {ok} |"
         )
+        base = s["counts"]["none"]
+        for arm in FLOOR_PTHS:
+            if arm in s["cost"]:
+                c = s["cost"][arm]
+                rows.append(f"| floor: a .pth importing an empty module ({arm}) | | | "
+                            f"{m(c)} ({c / base:+.2%}) | |")  # fmt: skip
     if "probe" in r:
         arm_row('`importlib.util.find_spec("torch")`', r["probe"], None)
     labels = {"p2": "P2 `python plain.py` (no rule matches)",

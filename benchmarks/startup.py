@@ -151,7 +151,8 @@ class Venv:
         """Bytecode for every module a startup hook of this benchmark imports, written
         explicitly: pip may skip it, and PYTHONDONTWRITEBYTECODE=1 stops the runs writing it."""
         site = self._site
-        targets = [site / "autoalloc", site / "_autoalloc_startup.py", site / "_distutils_hack"]
+        targets = [site / "autoalloc", site / "_distutils_hack",
+                   *site.glob("_autoalloc_*.py")]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         cmd = [self.python, "-m", "compileall", "-q", *(str(t) for t in targets if t.exists())]
         subprocess.run(cmd, check=True, env=env, capture_output=True)
@@ -495,7 +496,7 @@ import sys, time  # both loaded at start-up already: this probe must not import 
 # timing below is what the hook adds to the process ("net") rather than what it moves earlier.
 for name in sys.argv[1].split(",") if len(sys.argv) > 1 and sys.argv[1] else []:
     __import__(name)
-from autoalloc import watch as startup  # what the watcher loads at the lookup of torch
+import _autoalloc_loader as startup  # what the watcher imports at the lookup of torch
 spent = {"decide": [0, 0], "guards": [0, 0]}
 run = startup.run
 imported = set()
@@ -728,14 +729,14 @@ def site_cost(venv: Venv, env: dict, cwd: str, runs: int, warmup: int) -> dict:
 
 def p1_nobytecode(venv: Venv, env: dict, cwd: str, runs: int, warmup: int) -> dict:
     cache = venv._site / "autoalloc" / "__pycache__"
-    top = list((venv._site / "__pycache__").glob("_autoalloc_startup.*.pyc"))
+    top = list((venv._site / "__pycache__").glob("_autoalloc_*.pyc"))
     shutil.rmtree(cache, ignore_errors=True)
     for pyc in top:
         pyc.unlink()
     env = {**env, "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         result = p1(venv, env, cwd, runs, warmup)
-        top = list((venv._site / "__pycache__").glob("_autoalloc_startup.*"))
+        top = list((venv._site / "__pycache__").glob("_autoalloc_*"))
         gone = not cache.exists() and not top
         result["pycache_absent_after"] = gone
     finally:

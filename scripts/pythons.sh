@@ -21,8 +21,8 @@ for v in 3.9 3.10 3.11 3.12 3.13; do
     if [ -z "$py" ]; then echo "python$v: not found, skipped"; continue; fi
     venv=".venv-py$v"
     stamp="$venv/.autoalloc-installed"
-    # _startup.py too: the editable install copies it into site-packages as _autoalloc_startup.py
-    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py | sha256sum | cut -d' ' -f1) $py"
+    # _startup.py and _loader.py too: the editable install copies them into site-packages
+    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py autoalloc/_loader.py | sha256sum | cut -d' ' -f1) $py"
     if [ ! -x "$venv/bin/python" ] || [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
         [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
         echo "installing autoalloc, pytest and hypothesis into $venv ..."

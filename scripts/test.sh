@@ -23,7 +23,7 @@ ensure_venv() {
     shift 2
     local stamp="$venv/.autoalloc-installed"
     local want
-    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py | sha256sum | cut -d' ' -f1) $*"
+    want="$(cat pyproject.toml autoalloc.pth autoalloc.start autoalloc/_startup.py autoalloc/_loader.py | sha256sum | cut -d' ' -f1) $*"
     if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
         echo "using $venv ($what, up to date)"
         return

@@ -429,8 +429,9 @@ def test_pth_left_behind_after_uninstall(tmp_path: Path, minor: int) -> None:
     # Control: with the package next to it, the same .pth does arm the watcher.
     shutil.rmtree(Path(purelib) / "autoalloc")
     shutil.copytree(REPO / "autoalloc", Path(purelib) / "autoalloc", ignore=shutil.ignore_patterns("__pycache__"))
-    # and the top-level copy of the startup module, as the wheel has it
+    # and the top-level copies of the startup modules, as the wheel has them
     shutil.copy(REPO / "autoalloc" / "_startup.py", Path(purelib) / "_autoalloc_startup.py")
+    shutil.copy(REPO / "autoalloc" / "_loader.py", Path(purelib) / "_autoalloc_loader.py")
     result = subprocess.run([str(py), "-c", WATCHERS], capture_output=True, text=True, env=env, cwd=tmp_path)
     # arming needs nothing but the stdlib (platformdirs and tomli are needed only at `import torch`)
     assert (result.returncode, result.stdout.strip(), result.stderr) == (0, "1", "")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import _startup, envvars
+from autoalloc import _loader, _startup, envvars
 
 PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
@@ -71,7 +71,7 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
-STARTUP = {"_startup", "watch"}  # the finder armed at start-up, and its lazily loaded rest
+STARTUP = {"_startup": _startup, "_loader": _loader}  # armed at start-up, and what it loads
 
 
 def part(name: str) -> int:
@@ -97,9 +97,9 @@ def allowed(name: str, target: str) -> bool:
     if (name, target) in WIRED:
         return True
     if name == "_startup":
-        return target == "watch"  # lazily, at the first lookup of a watched name
-    if name == "watch":
-        return target in ("hook", "envvars")  # lazily, when a watched module executes
+        return False  # it imports _autoalloc_loader, the top-level copy of _loader
+    if name == "_loader":
+        return target == "hook"  # lazily, when torch executes
     low, high = sorted((part(name), part(target)))
     if part(target) == 0 or (low, high) == (3, 4):
         return False  # nothing imports the start-up module; application and measurement: beside
@@ -131,29 +131,34 @@ def test_no_import_loop() -> None:
     assert loops == []
 
 
-def test_startup_copies_of_the_names_agree() -> None:
-    """``_startup`` keeps its own copies (it imports nothing of the package): same values."""
-    own = {k: v for k, v in vars(_startup).items() if k.endswith("_VAR")}
+@pytest.mark.parametrize("name", sorted(STARTUP))
+def test_startup_copies_of_the_names_agree(name: str) -> None:
+    """``_startup`` and ``_loader`` keep their own copies (they import nothing of the package
+    before torch executes): the same values."""
+    own = {k: v for k, v in vars(STARTUP[name]).items() if k.endswith("_VAR")}
     assert own and all(getattr(envvars, k) == v for k, v in own.items()), own
     literals = {
         node.value
-        for node in ast.walk(ast.parse((PACKAGE / "_startup.py").read_text(encoding="utf-8")))
+        for node in ast.walk(ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8")))
         if isinstance(node, ast.Constant) and str(node.value).startswith("AUTOALLOC_")
     }
     named = {v for k, v in vars(envvars).items() if k.endswith("_VAR")}
     assert literals and literals <= named, literals - named
 
 
-def test_startup_names_the_variables_it_reads_and_only_those() -> None:
-    """Each ``*_VAR`` of ``_startup`` is read there, and a variable is always read by its name,
-    never typed again as a literal (a copy that nothing reads drifts unnoticed)."""
-    tree = ast.parse((PACKAGE / "_startup.py").read_text(encoding="utf-8"))
-    defined = {k for k in vars(_startup) if k.endswith("_VAR")}
+@pytest.mark.parametrize("name", sorted(STARTUP))
+def test_startup_names_the_variables_it_reads_and_only_those(name: str) -> None:
+    """Each ``*_VAR`` of ``_startup`` and ``_loader`` is read there, and a variable is always
+    read by its name, never typed again as a literal (a copy that nothing reads drifts
+    unnoticed)."""
+    tree = ast.parse((PACKAGE / f"{name}.py").read_text(encoding="utf-8"))
+    defined = {k for k in vars(STARTUP[name]) if k.endswith("_VAR")}
     used = {
         node.id for node in ast.walk(tree)
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
     }
     assert defined - used == set()
+    # a flag's truth, where the module has no truthy() of its own, is envvars'
     assigned = {
         id(node.value) for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)

@@ -36,10 +36,12 @@ def test_wheel_contents(wheel: Path) -> None:
                 "autoalloc/wrappers.toml"} <= names
         assert zf.read("autoalloc.pth") == (REPO / "autoalloc.pth").read_bytes()
         assert zf.read("autoalloc.start") == b"_autoalloc_startup:main\n"
-        # the startup module once more at the top level: what the .pth line imports
+        # the startup modules once more at the top level: what the .pth line imports, and
+        # what that imports at the first lookup of torch
         assert zf.read("_autoalloc_startup.py") == (REPO / "autoalloc" / "_startup.py").read_bytes()
+        assert zf.read("_autoalloc_loader.py") == (REPO / "autoalloc" / "_loader.py").read_bytes()
         record = zf.read(next(n for n in names if n.endswith(".dist-info/RECORD"))).decode()
-        for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py"):
+        for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py", "_autoalloc_loader.py"):
             assert f"\n{name}," in "\n" + record  # so that uninstall removes it
         metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
@@ -54,9 +56,10 @@ def test_editable_install_of_the_test_venv_has_the_hook() -> None:
     assert (purelib / "autoalloc.pth").read_bytes() == (REPO / "autoalloc.pth").read_bytes()
     assert (purelib / "autoalloc.start").exists()
     assert any(p.name.startswith("_editable_impl_autoalloc") for p in purelib.glob("*.pth"))
-    # An editable install copies the top-level startup module: reinstall after changing it.
-    startup = (REPO / "autoalloc" / "_startup.py").read_bytes()
-    assert (purelib / "_autoalloc_startup.py").read_bytes() == startup, "pip install -e . again"
+    # An editable install copies the top-level startup modules: reinstall after changing them.
+    for name in ("_startup", "_loader"):
+        copy = (purelib / f"_autoalloc{name}.py").read_bytes()
+        assert copy == (REPO / "autoalloc" / f"{name}.py").read_bytes(), "pip install -e . again"
 
 
 @pytest.mark.slow
@@ -89,7 +92,7 @@ def test_fresh_venv_with_the_wheel_runs_the_hook(wheel: Path, sandbox: Sandbox) 
     assert where.stdout.split() == files
     # uninstalling removes the hook files
     subprocess.run([py, "-m", "pip", "uninstall", "-q", "-y", "autoalloc"], check=True, capture_output=True)
-    for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py"):
+    for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py", "_autoalloc_loader.py"):
         assert not Path(site, name).exists(), name
     again = sandbox.run([NEMO], python=py)
     assert again.returncode == 0 and probe_result(again.stdout)["getter"] == "" and again.stderr == ""

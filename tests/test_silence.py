@@ -85,7 +85,7 @@ def twin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def hook(venv: Path, installed: bool) -> None:
     """The wheel's root files in the twin's site-packages (the .pth looks for its module beside it)."""
     purelib = next((venv / "lib").glob("python3*/site-packages"))
-    for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py"):
+    for name in ("autoalloc.pth", "autoalloc.start", "_autoalloc_startup.py", "_autoalloc_loader.py"):
         if installed:
             shutil.copy(REPO / name, purelib / name)
         else:

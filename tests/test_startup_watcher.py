@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import _startup, watch
+import _autoalloc_loader
+from autoalloc import _startup
 from tests.helpers import PY, clean_env
 
 LOADER_CHECKS = """
@@ -61,13 +62,14 @@ def test_find_spec_loader_passes_isinstance_and_pickles(tmp_path: Path) -> None:
 
 def test_wrapper_isinstance_in_process() -> None:
     real = importlib.machinery.SourceFileLoader("x", __file__)
-    wrapped = watch.Loader(real)
+    wrapped = _autoalloc_loader.Loader(real)
     assert isinstance(wrapped, importlib.abc.Loader)
     assert isinstance(wrapped, importlib.machinery.SourceFileLoader)
-    assert isinstance(wrapped, watch.Loader)  # the watcher still knows its own wrapper
-    assert not isinstance(real, watch.Loader)
+    assert isinstance(wrapped, _autoalloc_loader.Loader)  # the watcher still knows its own wrapper
+    assert not isinstance(real, _autoalloc_loader.Loader)
+    # pickled or copied, it is the real loader: the wrapper is this process's machinery
     again = pickle.loads(pickle.dumps(wrapped))
-    assert type(again) is watch.Loader and again.loader.path == __file__
+    assert type(again) is importlib.machinery.SourceFileLoader and again.path == __file__
 
 
 class Gate:
@@ -113,7 +115,7 @@ def test_concurrent_lookups_are_each_watched() -> None:
         # Every thread got torch's spec with the loader wrapped: none was turned away because
         # another thread was inside the watcher at that moment.
         assert [type(getattr(s, "loader", s)).__name__ for s in specs] == ["Loader"] * len(specs)
-        assert watch._busy == set()
+        assert _autoalloc_loader._busy == set()
 
 
 RACE = """
@@ -130,6 +132,48 @@ t.join()
 from autoalloc import hook
 print("DECIDED", hook.STATE.decision is not None)
 """
+
+
+# Thread B starts the first import of the autoalloc package (and holds its module lock)
+# while thread A looks torch up for the first time, under importlib's global lock: the
+# watcher must not import from the package there. The gate widens the window between two
+# finders, where importlib releases the global lock anyway.
+DEADLOCK = """
+import sys, threading, _imp, time
+assert "autoalloc" not in sys.modules and "_autoalloc_loader" not in sys.modules
+assert any(getattr(f, "autoalloc_watcher", False) for f in sys.meta_path)
+b_in = threading.Event()
+class Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name == "autoalloc" and threading.current_thread().name == "B":
+            _imp.release_lock(); b_in.set(); time.sleep(0.5); _imp.acquire_lock()
+        return None
+sys.meta_path.insert(0, Gate())
+def b():
+    import autoalloc.envvars
+def a():
+    b_in.wait()
+    import importlib.util
+    assert importlib.util.find_spec("torch") is not None
+tb = threading.Thread(target=b, name="B", daemon=True)
+ta = threading.Thread(target=a, name="A", daemon=True)
+tb.start(); ta.start(); tb.join(10); ta.join(10)
+print("DEADLOCK" if tb.is_alive() or ta.is_alive() else "OK", flush=True)
+"""
+
+
+def test_first_lookup_of_torch_beside_a_first_import_of_autoalloc_does_not_deadlock(
+    tmp_path: Path,
+) -> None:
+    assert run_code(tmp_path, DEADLOCK).stdout.split() == ["OK"]
+
+
+def test_copies_of_the_meta_path_keep_the_watcher() -> None:
+    """Programs copy sys.meta_path (``copy.deepcopy``): the module-finder copies as itself."""
+    import copy
+
+    assert copy.copy(_startup) is _startup
+    assert copy.deepcopy([_startup]) == [_startup]
 
 
 @pytest.mark.slow  # a few real interpreters importing torch: the full run

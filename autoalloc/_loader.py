@@ -1,15 +1,22 @@
-"""The armed watcher at work: a watched name's real spec, with its loader wrapped.
+"""The armed watcher at work: a watched name's real spec, its loader wrapped.
+
+Imported at the first lookup of a watched name, under importlib's global lock, as the
+top-level module ``_autoalloc_loader`` (the wheel's copy of this file), which nothing else
+imports: importing a module of the ``autoalloc`` package there could deadlock with another
+thread's import of it. For the same reason it imports nothing but ``sys``, ``os`` and
+``_thread`` (loaded already) until a watched module executes; then ``autoalloc.hook``.
 
 The start-up module (``_startup``, on ``sys.meta_path``) hands a lookup of a watched name
 (``torch``, later the policy's pending import triggers) to ``find_spec`` here, which returns
 the spec the finders after the watcher give, its loader wrapped in ``Loader``. A probe
 (``importlib.util.find_spec``, a failed ``try: import x``) costs a spec lookup; autoalloc
-acts only when the module really executes. Imported at the first such lookup, never at
-start-up; it imports nothing beyond ``sys``, ``os`` and ``_thread``.
+acts only when the module really executes.
 """
 
 import sys
-from _thread import get_ident
+from _thread import get_ident  # built in, loaded by importlib's bootstrap before site runs
+
+DEBUG_VAR = "AUTOALLOC_DEBUG"  # its own copy of autoalloc.envvars' name (tests/test_layout.py)
 
 # The threads inside find_spec now: a thread's own nested lookup (the finders after the
 # watcher looking for the same name) is not watched again, while another thread's import of
@@ -55,7 +62,7 @@ class Loader:
     Right before ``torch`` executes it decides and writes the environment (libc10 has not
     loaded yet); after a module has executed it installs the guards (torch) or applies a
     policy import trigger. Everything else goes to the real loader, which is put back on
-    the module and its spec once it has executed. Module-level, so a spec holding it pickles.
+    the module and its spec once it has executed.
     """
 
     def __init__(self, loader) -> None:
@@ -63,13 +70,15 @@ class Loader:
 
     # Tools test a spec's loader with isinstance (importlib.abc.Loader, SourceFileLoader):
     # isinstance also consults ``__class__``, so the wrapper answers as the loader it wraps,
-    # without importing importlib.abc. ``__reduce__`` keeps pickle on this class.
+    # without importing importlib.abc.
     @property
     def __class__(self):
         return type(self.__dict__["loader"]) if "loader" in self.__dict__ else Loader
 
-    def __reduce__(self):
-        return (Loader, (self.loader,))
+    def __reduce_ex__(self, protocol):
+        # A pickled or copied spec holds the real loader: the wrapper is this process's
+        # machinery (and a pickle must load where autoalloc is not installed).
+        return self.__dict__["loader"].__reduce_ex__(protocol)
 
     def __getattr__(self, name):
         if name.startswith("__") or "loader" not in self.__dict__:  # pickle's probes
@@ -92,7 +101,8 @@ class Loader:
 
 
 def run(step: str, *args) -> None:
-    """Call ``autoalloc.hook.<step>``; the decision machinery is imported only now."""
+    """Call ``autoalloc.hook.<step>``; the decision machinery is imported only now (no
+    import lock is held while a module executes)."""
     try:
         from autoalloc import hook
 
@@ -106,9 +116,7 @@ def _trace(message: str) -> None:
     try:
         import os
 
-        from autoalloc.envvars import DEBUG_VAR, truthy
-
-        if truthy(os.environ.get(DEBUG_VAR)):
+        if (os.environ.get(DEBUG_VAR) or "").strip().lower() in ("1", "true", "yes", "on"):
             sys.stderr.write(f"autoalloc: {message}\n")
     except Exception:
         pass

@@ -1,0 +1,1 @@
+autoalloc/_loader.py
