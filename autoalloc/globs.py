@@ -194,7 +194,10 @@ class PathGlobs:
     def match(self, path: str) -> bool:
         if self._globs is None:
             self._globs = tuple(PathGlob(p) for p in self.patterns)
-        return any(g.match(path) for g in self._globs)
+        for glob in self._globs:
+            if glob.match(path):
+                return True
+        return False
 
 
 class NameGlobs:
@@ -209,7 +212,10 @@ class NameGlobs:
     def match(self, name: str) -> bool:
         if self._globs is None:
             self._globs = tuple(NameGlob(p) for p in self.patterns)
-        return any(g.match(name) for g in self._globs)
+        for glob in self._globs:
+            if glob.match(name):
+                return True
+        return False
 
 
 class ArgvGlobs:

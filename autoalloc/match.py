@@ -31,7 +31,8 @@ class Match:
 def argv_reason(rule: Rule, entry: EntryPoint) -> str | None:
     """Why the rule matches this command line, or None."""
     patterns = rule.compiled
-    paths = (entry.path, entry.realpath)
+    # the real path only where it differs (a link): every rule is looked at, at every start
+    paths = (entry.path,) if entry.realpath == entry.path else (entry.path, entry.realpath)
     reason = None
     if entry.kind == "script" and patterns.script(*paths):
         reason = f"script matches {_which(rule.scripts, 'scripts', paths)!r}"

@@ -8,7 +8,6 @@ system found.
 from __future__ import annotations
 
 import os
-import re
 import stat
 import sys
 from collections.abc import Iterable
@@ -18,10 +17,9 @@ from autoalloc.records import record
 
 Flavour = Literal["cpu", "cuda", "rocm"]
 
-_ASSIGN = re.compile(
-    r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$"""
-)
-_RELEASE = r"^(\d+)\.(\d+)"
+# The names parse_version_file reads; string parsing, not a regex: compiling one costs about
+# a million instructions, in every process that imports torch.
+_NAMES = ("__version__", "cuda", "hip", "rocm")
 
 
 @record(frozen=True)
@@ -35,8 +33,12 @@ class TorchInfo:
 
     @property
     def release(self) -> tuple[int, int]:
-        m = re.match(_RELEASE, self.version)
-        return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+        """(major, minor) from the version's leading ``N.N`` (0, 0 without one)."""
+        major, dot, rest = self.version.partition(".")
+        minor = rest[: len(rest) - len(rest.lstrip("0123456789"))]
+        if not (dot and major.isdecimal() and major.isascii() and minor):
+            return (0, 0)
+        return (int(major), int(minor))
 
     @property
     def flavour(self) -> Flavour:
@@ -55,14 +57,30 @@ def parse_version_file(text: str, path: str = "") -> TorchInfo | None:
     """Read ``__version__``, ``cuda`` and ``hip`` from the text of ``torch/version.py``."""
     values: dict[str, str | None] = {}
     for line in text.splitlines():
-        m = _ASSIGN.match(line.strip())
-        if m:
-            values[m.group(1)] = m.group(2) if m.group(2) is not None else m.group(3)
+        found = _assignment(line.strip())
+        if found is not None:
+            values[found[0]] = found[1]
     version = values.get("__version__")
     if not version:
         return None
     hip = values.get("hip") or values.get("rocm")
     return TorchInfo(version=version, cuda=values.get("cuda"), hip=hip, path=path)
+
+
+def _assignment(line: str) -> tuple[str, str | None] | None:
+    """``NAME = 'text'``, ``NAME: type = "text"`` or ``NAME = None`` for one of ``_NAMES``."""
+    head, eq, value = line.partition("=")
+    name = head.partition(":")[0]
+    if not eq or name.rstrip() not in _NAMES or name[:1].isspace():
+        return None
+    value = value.strip()
+    if value == "None":
+        return name.rstrip(), None
+    quote = value[:1]
+    if quote in ("'", '"') and len(value) >= 2 and value[-1] == quote:
+        if quote not in value[1:-1]:
+            return name.rstrip(), value[1:-1]
+    return None
 
 
 _OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)

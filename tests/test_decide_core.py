@@ -94,6 +94,38 @@ def test_version_file_parsing() -> None:
     assert parse_version_file("nothing here") is None
 
 
+# What parse_version_file reads from a line, written as the regex it replaced (string parsing
+# there: compiling the regex cost every process that imports torch a million instructions).
+_ASSIGN = r"""^(__version__|cuda|hip|rocm)\s*(?::[^=]*)?=\s*(?:'([^']*)'|"([^"]*)"|None)\s*$"""
+LINES = [
+    "__version__ = '2.13.0+cpu'", 'cuda: Optional[str] = "13.0"', "hip: Optional[str] = None",
+    "rocm = ''", "cuda : str = '1'", "cuda x = '1'", "cudax = '1'", "xcuda = '1'", "cuda == '1'",
+    "cuda = None  # no", "cuda = 'a' if b else 'c'", "cuda = 'a\"", "cuda = '", 'cuda = "it\'s"',
+    "cuda: Optional[str] = '12.8' ", "hip=None", "hip\t=\t'6.2'", "debug = False",
+    "cuda = 12.8", "__version__: str = '2.1' = 'x'", "cuda: x = y = 'z'", "", "=", "None = None",
+]
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_version_file_lines_read_as_the_regex_read_them(line: str) -> None:
+    import re
+
+    from autoalloc.torchinfo import _assignment
+
+    m = re.match(_ASSIGN, line.strip())
+    want = None if m is None else (m.group(1), m.group(2) if m.group(2) is not None else m.group(3))
+    assert _assignment(line.strip()) == want
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("2.14.1+cu130", (2, 14)), ("2.3", (2, 3)), ("10.0a0", (10, 0)), ("2.x", (0, 0)),
+     ("2", (0, 0)), ("", (0, 0)), ("v2.1", (0, 0)), ("2.13.0.dev20260101", (2, 13))],
+)
+def test_release_is_the_leading_major_minor(version: str, release: tuple[int, int]) -> None:
+    assert TorchInfo(version).release == release
+
+
 def test_child_denied_by_a_skip_rule_gets_the_original_variables_back() -> None:
     parent = decide(policy(), TRAIN, {"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5"}, CUDA)
     assert parent.writes["AUTOALLOC_ORIGINAL"] == '{"PYTORCH_ALLOC_CONF": "garbage_collection_threshold:0.5", "PYTORCH_CUDA_ALLOC_CONF": null}'
