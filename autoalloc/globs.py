@@ -12,7 +12,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from autoalloc.records import record
 
@@ -46,19 +46,11 @@ class NameGlob:
         self._regex: re.Pattern[str] | None = None
         magic = _has_magic(pattern)
         self.literal = None if magic else pattern
-        found = [i for i in (pattern.find("*"), pattern.find("?"), pattern.find("[")) if i >= 0]
-        first = min(found) if found else len(pattern)
-        star = pattern.rfind("*")
-        tail = pattern[star + 1 :]
-        # The suffix after the last '*' is literal unless a '?' or a class reaches into it.
-        literal_tail = star >= 0 and not _has_magic(tail) and "]" not in tail
-        self._prefix = pattern[:first]
-        self._suffix = tail if literal_tail else ""
+        self._prefix, self._suffix = _bounds(pattern)
         # only '*' wildcards: the literal parts between them, found in order, decide it
         self._chunks = None
         if magic and "?" not in pattern and "[" not in pattern:
-            parts = pattern.split("*")
-            self._prefix, self._suffix, self._chunks = parts[0], parts[-1], tuple(parts[1:-1])
+            self._chunks = tuple(pattern.split("*")[1:-1])
         self._min = len(self._prefix) + len(self._suffix)
 
     def match(self, name: str) -> bool:
@@ -87,6 +79,34 @@ def _has_magic(text: str) -> bool:
     return "*" in text or "?" in text or "[" in text
 
 
+def _bounds(pattern: str) -> tuple[str, str]:
+    """The literal text every name that ``pattern`` matches starts and ends with."""
+    if "?" not in pattern and "[" not in pattern:
+        if "*" not in pattern:
+            return pattern, ""
+        parts = pattern.split("*")
+        return parts[0], parts[-1]
+    found = [i for i in (pattern.find("*"), pattern.find("?"), pattern.find("[")) if i >= 0]
+    star = pattern.rfind("*")
+    tail = pattern[star + 1 :]
+    # The suffix after the last '*' is literal unless a '?' or a class reaches into it.
+    literal_tail = star >= 0 and not _has_magic(tail) and "]" not in tail
+    return pattern[: min(found)], tail if literal_tail else ""
+
+
+def _path_parts(pattern: str) -> list[str]:
+    """A script pattern's segments, anchored (a relative pattern may start anywhere)."""
+    text = os.path.expanduser(pattern) if pattern.startswith("~") else pattern
+    if not text.startswith("/") and not text.startswith("**/") and text != "**":
+        text = "**/" + text
+    return text.split("/")
+
+
+def _literals(parts: Sequence[str]) -> frozenset[str]:
+    """The segments without wildcards: a path the pattern matches holds every one of them."""
+    return frozenset([p for p in parts if p and "*" not in p and "?" not in p and "[" not in p])
+
+
 def _segment(part: str) -> NameGlob:
     """A matcher for one path segment (``[^...]`` negates too, as ``[!...]``)."""
     return NameGlob(part.replace("[^", "[!"))
@@ -107,18 +127,13 @@ class PathGlob:
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
-        text = os.path.expanduser(pattern) if pattern.startswith("~") else pattern
-        if not text.startswith("/") and not text.startswith("**/") and text != "**":
-            text = "**/" + text  # a relative pattern may start anywhere
-        parts = text.split("/")
+        parts = _path_parts(pattern)
         self._parts = parts
         self._segments: tuple | None = None  # built by the first match that gets past the checks
         self._fixed = len(parts) - parts.count("**") + (parts[-1] == "**")
         # Cheap necessary conditions, checked first: most rules fail on them (every rule of
         # the policy is looked at, at every `import torch`).
-        self._literals = frozenset(
-            [p for p in parts if p and "*" not in p and "?" not in p and "[" not in p]
-        )
+        self._literals = _literals(parts)
         self._last: NameGlob | None = None  # the file-name segment's matcher, built on demand
 
     def _build(self) -> tuple:
@@ -181,40 +196,68 @@ def _split(path: str) -> tuple[tuple[str, ...], frozenset[str]]:
     return found
 
 
-class PathGlobs:
-    """Several ``PathGlob``: ``match`` when any does. Built on the first match: a decision
-    looks at one kind of pattern (a script's, a module's, ...), the others are never built."""
+class _Several:
+    """Patterns whose matchers are built one by one, when a check lets a value through."""
 
     __slots__ = ("_globs", "patterns")
 
     def __init__(self, patterns: Sequence[str]) -> None:
         self.patterns = tuple(patterns)
-        self._globs: tuple[PathGlob, ...] | None = None
+        self._globs: list | None = None
+
+    def _glob(self, i: int, build: Callable[[str], NameGlob | PathGlob]) -> NameGlob | PathGlob:
+        globs = self._globs
+        if globs is None:
+            globs = self._globs = [None] * len(self.patterns)
+        glob = globs[i]
+        if glob is None:
+            glob = globs[i] = build(self.patterns[i])
+        return glob
+
+
+class PathGlobs(_Several):
+    """Several ``PathGlob``: ``match`` when any does.
+
+    Made when a layer is validated, and kept with it in the layer cache: each pattern's
+    literal segments (``_needs``), a necessary condition checked first. A pattern's matcher
+    is built only for a path that holds them all: a decision looks at every rule of the
+    policy, and most name other paths, whose matchers would cost more to build than all the
+    checks together.
+    """
+
+    __slots__ = ("_needs",)
+
+    def __init__(self, patterns: Sequence[str]) -> None:
+        super().__init__(patterns)
+        self._needs: tuple[frozenset[str], ...] | None = None
 
     def match(self, path: str) -> bool:
-        if self._globs is None:
-            self._globs = tuple(PathGlob(p) for p in self.patterns)
-        for glob in self._globs:
-            if glob.match(path):
+        present = _split(path)[1]
+        if self._needs is None:
+            self._needs = tuple(_literals(_path_parts(p)) for p in self.patterns)
+        for i, needs in enumerate(self._needs):
+            if needs <= present and self._glob(i, PathGlob).match(path):
                 return True
         return False
 
 
-class NameGlobs:
-    """Several ``NameGlob``: ``match`` when any does (built on the first match, as above)."""
+class NameGlobs(_Several):
+    """Several ``NameGlob``: ``match`` when any does; each pattern's literal prefix and
+    suffix (``_bounds``) are checked before its matcher is built, as ``PathGlobs`` does."""
 
-    __slots__ = ("_globs", "patterns")
+    __slots__ = ("_bounds",)
 
     def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = tuple(patterns)
-        self._globs: tuple[NameGlob, ...] | None = None
+        super().__init__(patterns)
+        self._bounds: tuple[tuple[str, str], ...] | None = None
 
     def match(self, name: str) -> bool:
-        if self._globs is None:
-            self._globs = tuple(NameGlob(p) for p in self.patterns)
-        for glob in self._globs:
-            if glob.match(name):
-                return True
+        if self._bounds is None:
+            self._bounds = tuple(_bounds(p) for p in self.patterns)
+        for i, (prefix, suffix) in enumerate(self._bounds):
+            if name.startswith(prefix) and name.endswith(suffix):
+                if self._glob(i, NameGlob).match(name):
+                    return True
         return False
 
 

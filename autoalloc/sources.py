@@ -17,6 +17,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
+from typing import Literal
 
 from autoalloc import layercache, messages, wrappers
 from autoalloc.entrypoint import EntryPoint
@@ -309,26 +310,33 @@ def shadowed_table(path: str) -> str | None:
         return None
 
 
-def _examinable(path: str) -> bool:
-    """False when a permission on the way keeps ``path`` from being examined at all.
+Examined = Literal["present", "absent", "blocked"]
+
+
+def _examine(path: str) -> Examined:
+    """``blocked`` when a permission on the way keeps ``path`` from being examined at all.
 
     ``stat`` needs only search permission on the directories above: a project candidate
     it cannot reach is not a broken file of the user's (the working directory may sit
-    below a directory the user cannot read), so it is traced, not warned about.
+    below a directory the user cannot read), so it is traced, not warned about. ``absent``
+    lets the project search skip a candidate without opening it (it looks at two names in
+    every directory up to the root, at every ``import torch``).
     """
     try:
         os.stat(path)
     except PermissionError:
         messages.debug(f"cannot examine {path} (a directory on the way is not searchable): skipped")
-        return False
+        return "blocked"
+    except (FileNotFoundError, NotADirectoryError):
+        return "absent"
     except (OSError, ValueError):
-        pass  # absent, or another failure read_file reports
-    return True
+        pass  # another failure, which read_file reports
+    return "present"
 
 
 def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus | None:
     """The project layer from ``path``, or None when the search goes on past it."""
-    if not _examinable(path):
+    if _examine(path) != "present":
         return None
     try:
         data, st = read_file(path)
@@ -431,7 +439,7 @@ def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatu
         # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
         # read from the working directory, i.e. from whatever repository is there.
         return LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)")
-    if not _examinable(path):
+    if _examine(path) == "blocked":
         # HOME or XDG_CONFIG_HOME below a directory this user cannot enter (`docker run
         # --user 1000` on an image whose HOME is /root): no file the user could have written.
         why = "cannot be examined: a directory on the way is not searchable by this user"

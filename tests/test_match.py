@@ -119,15 +119,40 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
     import random
     import re
 
-    from autoalloc.globs import NameGlob
+    from autoalloc.globs import NameGlob, NameGlobs
 
     rng = random.Random(seed)
     alphabet = "ab.*?[]!^-"
+
+    def agrees(pattern: str, name: str) -> bool:
+        return re.match(fnmatch.translate(pattern), name, re.DOTALL) is not None
+
     for _ in range(3000):
         pattern = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        other = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
         name = "".join(rng.choice("ab.-[]!^*?") for _ in range(rng.randint(0, 6)))
-        expected = re.match(fnmatch.translate(pattern), name, re.DOTALL) is not None
+        expected = agrees(pattern, name)
         assert NameGlob(pattern).match(name) is expected, (pattern, name)
+        # several patterns: each one's literal prefix and suffix checked before its matcher
+        either = expected or agrees(other, name)
+        assert NameGlobs([other, pattern]).match(name) is either, (other, pattern, name)
+
+
+def test_path_globs_agree_with_each_pattern() -> None:
+    """Several script patterns: a pattern's matcher is built only for a path holding its
+    literal segments, and the answer is still "any of them matches"."""
+    import random
+
+    from autoalloc.globs import PathGlob, PathGlobs
+
+    rng = random.Random(0)
+    segments = ["a", "b", "*", "**", "a*", "?", "[ab]"]
+    for _ in range(2000):
+        patterns = ["/".join(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+                    for _ in range(rng.randint(1, 3))]  # fmt: skip
+        path = "/" + "/".join(rng.choice(["a", "b", "ab"]) for _ in range(rng.randint(1, 5)))
+        expected = any(PathGlob(p).match(path) for p in patterns)
+        assert PathGlobs(patterns).match(path) is expected, (patterns, path)
 
 
 def test_not_imports_and_not_imports_unless() -> None:
