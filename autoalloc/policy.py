@@ -288,6 +288,8 @@ def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfi
     layer), else None."""
     names = (name, *RENAMED.get(name, ()))
     for config in reversed(configs):
+        if not (config.disable or config.enable):
+            continue  # most layers list neither: composing looks at every rule in each
         if any(n in config.disable for n in names):
             return "disable", config
         if any(n in config.enable for n in names):
