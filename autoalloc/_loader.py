@@ -78,7 +78,10 @@ class Loader:
     def __reduce_ex__(self, protocol):
         # A pickled or copied spec holds the real loader: the wrapper is this process's
         # machinery (and a pickle must load where autoalloc is not installed).
-        return self.__dict__["loader"].__reduce_ex__(protocol)
+        real = self.__dict__["loader"]
+        if isinstance(real, type):  # BuiltinImporter, FrozenImporter: the class itself
+            return (tuple.__getitem__, ((real,), 0))
+        return real.__reduce_ex__(protocol)
 
     def __getattr__(self, name):
         if name.startswith("__") or "loader" not in self.__dict__:  # pickle's probes

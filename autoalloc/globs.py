@@ -218,11 +218,10 @@ class _Several:
 class PathGlobs(_Several):
     """Several ``PathGlob``: ``match`` when any does.
 
-    Made when a layer is validated, and kept with it in the layer cache: each pattern's
-    literal segments (``_needs``), a necessary condition checked first. A pattern's matcher
-    is built only for a path that holds them all: a decision looks at every rule of the
-    policy, and most name other paths, whose matchers would cost more to build than all the
-    checks together.
+    Each pattern's literal segments (``_needs``, worked out at the first match) are a
+    necessary condition checked first, and a pattern's matcher is built only for a path that
+    holds them all: a decision looks at every rule of the policy, and most name other paths,
+    whose matchers would cost more to build than all the checks together.
     """
 
     __slots__ = ("_needs",)

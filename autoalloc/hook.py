@@ -71,6 +71,13 @@ def _watcher():
     return next((f for f in sys.meta_path if getattr(f, "autoalloc_watcher", False)), None)
 
 
+def _retire(watcher) -> None:
+    """Take the watcher off ``sys.meta_path`` with a new list: another thread's import may be
+    iterating the current one, and removing an entry from it would skip the next finder."""
+    if any(f is watcher for f in sys.meta_path):
+        sys.meta_path = [f for f in sys.meta_path if f is not watcher]
+
+
 def before_exec(module: ModuleType, imported: set[str]) -> None:
     """Right before a watched module executes: for torch, decide and write the environment.
 
@@ -114,8 +121,8 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             watcher.names.discard("torch")
     elif watcher is not None:
         _on_trigger(watcher, module.__name__)
-    if watcher is not None and not watcher.names and watcher in sys.meta_path:
-        sys.meta_path.remove(watcher)
+    if watcher is not None and not watcher.names:
+        _retire(watcher)
 
 
 def _on_trigger(watcher, name: str) -> None:
@@ -165,8 +172,7 @@ def _on_optimizer() -> None:
     watcher = _watcher()
     if watcher is not None:  # nothing left to watch: off sys.meta_path, as after_exec does
         watcher.names.clear()
-        if watcher in sys.meta_path:
-            sys.meta_path.remove(watcher)
+        _retire(watcher)
 
 
 def _late(decide: Callable[[InEffect], Plan]) -> Plan:

@@ -208,9 +208,9 @@ def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str, off: int | None) 
         script, expect = wall.write(work / "plain" / "plain.py", "import torch\n"), ": none ("
         wall.write(work / "plain" / "pyproject.toml", PLAIN_PYPROJECT)
     elif kind == "p2-match":
-        script, expect = nemo_tree(work / "match", 0), ": apply (rule asr-"
+        script, expect = nemo_tree(work / "match", 0), ": apply rule nemo-asr-train "
     else:
-        script, expect = nemo_tree(work / "match20", 20), ": apply (rule lab-ctc"
+        script, expect = nemo_tree(work / "match20", 20), ": apply rule lab-ctc "
     cwd = script.parent if kind == "p2" else next(p for p in script.parents if p.name == "NeMo")
     traced = subprocess.run([venv.python, str(script)], env={**env, "AUTOALLOC_DEBUG": "1"},
                             cwd=str(cwd), capture_output=True, text=True).stderr  # fmt: skip
@@ -487,6 +487,11 @@ def main(argv: list[str] | None = None) -> int:
     results["meta"] = meta
     save(results)
     print(table(results))
+    wrong = [k for k, v in results.items()
+             if isinstance(v, dict) and v.get("decided_as_expected") is False]  # fmt: skip
+    if wrong:  # a count of the wrong decision measures nothing
+        print(f"instructions.py: {wrong} did not decide as expected (see 'applied' in the JSON)")
+        return 1
     return 0
 
 

@@ -180,3 +180,35 @@ def test_copies_of_the_meta_path_keep_the_watcher() -> None:
 def test_import_torch_racing_find_spec_in_another_thread_still_decides(tmp_path: Path) -> None:
     for _ in range(3):
         assert "DECIDED True" in run_code(tmp_path, RACE).stdout
+
+
+def test_a_class_loader_copies_and_pickles_as_itself() -> None:
+    """Built-in and frozen modules have a class as their loader (a watched import trigger may
+    name one): a copied or pickled spec holds that class."""
+    import copy
+
+    wrapped = _autoalloc_loader.Loader(importlib.machinery.BuiltinImporter)
+    assert copy.copy(wrapped) is importlib.machinery.BuiltinImporter
+    assert copy.deepcopy(wrapped) is importlib.machinery.BuiltinImporter
+    assert pickle.loads(pickle.dumps(wrapped)) is importlib.machinery.BuiltinImporter
+    spec = importlib.util.find_spec("_thread")
+    spec.loader = wrapped
+    assert pickle.loads(pickle.dumps(spec)).loader is importlib.machinery.BuiltinImporter
+
+
+def test_the_watcher_leaves_with_a_new_meta_path_list() -> None:
+    """Another thread may be iterating sys.meta_path for its own import: removing an entry
+    from that list would make it skip the next finder, so the hook rebinds a new list."""
+    from autoalloc import hook
+
+    saved = sys.meta_path
+    marker = type(sys)("watcher-for-test")
+    marker.autoalloc_watcher = True
+    sys.meta_path = [marker, *saved]
+    try:
+        before = sys.meta_path
+        hook._retire(marker)
+        assert marker not in sys.meta_path and before[0] is marker  # the old list untouched
+        assert sys.meta_path == saved
+    finally:
+        sys.meta_path = saved
