@@ -1,10 +1,12 @@
 """The armed watcher at work: a watched name's real spec, its loader wrapped.
 
 Imported at the first lookup of a watched name, under importlib's global lock, as the
-top-level module ``_autoalloc_loader`` (the wheel's copy of this file), which nothing else
-imports: importing a module of the ``autoalloc`` package there could deadlock with another
-thread's import of it. For the same reason it imports nothing but ``sys``, ``os`` and
-``_thread`` (loaded already) until a watched module executes; then ``autoalloc.hook``.
+top-level module ``_autoalloc_loader`` (the wheel's copy of this file): importing a module of
+the ``autoalloc`` package there could deadlock with another thread's import of it. Nothing
+else may import this module by name for the same reason (a thread doing so at the moment
+another looks torch up for the first time would hold its module lock while waiting for the
+global one). It imports nothing but ``sys``, ``os`` and ``_thread`` (loaded already) until a
+watched module executes; then ``autoalloc.hook``.
 
 The start-up module (``_startup``, on ``sys.meta_path``) hands a lookup of a watched name
 (``torch``, later the policy's pending import triggers) to ``find_spec`` here, which returns
