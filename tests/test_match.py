@@ -121,7 +121,7 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
 
     from autoalloc.globs import NameGlob, NameGlobs
 
-    rng = random.Random(seed)
+    rng, others = random.Random(seed), random.Random(seed + 100)
     alphabet = "ab.*?[]!^-"
 
     def agrees(pattern: str, name: str) -> bool:
@@ -129,12 +129,15 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
 
     for _ in range(3000):
         pattern = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
-        other = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
         name = "".join(rng.choice("ab.-[]!^*?") for _ in range(rng.randint(0, 6)))
         expected = agrees(pattern, name)
         assert NameGlob(pattern).match(name) is expected, (pattern, name)
         # several patterns: each one's literal prefix and suffix checked before its matcher
-        either = expected or agrees(other, name)
+        other = "".join(others.choice(alphabet) for _ in range(others.randint(0, 6)))
+        try:
+            either = expected or agrees(other, name)
+        except re.error:  # before 3.11, fnmatch can translate "[]a-.]" into a bad range
+            continue
         assert NameGlobs([other, pattern]).match(name) is either, (other, pattern, name)
 
 
