@@ -68,7 +68,7 @@ def test_the_spec_pickles_before_and_after_import(sandbox: Sandbox) -> None:
         """
         import importlib.util, pickle
         probed = importlib.util.find_spec("torch")
-        assert type(probed.loader).__module__ == "_autoalloc_startup", type(probed.loader)
+        assert type(probed.loader).__module__ == "_autoalloc_loader", type(probed.loader)
         assert pickle.loads(pickle.dumps(probed)).name == "torch"
         import torch
         assert pickle.loads(pickle.dumps(torch.__spec__)).origin == torch.__spec__.origin
