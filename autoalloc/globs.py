@@ -71,8 +71,21 @@ class NameGlob:
                 at += len(chunk)
             return True
         if self._regex is None:
-            self._regex = re.compile(fnmatch.translate(self.pattern), re.DOTALL)
+            self._regex = _compiled(fnmatch.translate(self.pattern), re.DOTALL)
         return self._regex.match(name) is not None
+
+
+_NOTHING = re.compile("(?!)")
+
+
+def _compiled(regex: str, flags: int) -> re.Pattern[str]:
+    """``regex`` compiled; one that fnmatch translated into an invalid range on 3.9
+    (``[z-a]``, which 3.10+ translates into a class that matches nothing) matches nothing
+    too, instead of failing the decision of every rule after it."""
+    try:
+        return re.compile(regex, flags)
+    except re.error:
+        return _NOTHING
 
 
 def _has_magic(text: str) -> bool:
@@ -275,8 +288,13 @@ class ArgvGlobs:
     def match(self, arg: str) -> bool:
         if self._regex is None:
             # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
-            either = "|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns)
-            self._regex = re.compile(either + r"\Z", re.IGNORECASE | re.DOTALL)
+            flags = re.IGNORECASE | re.DOTALL
+            either = [fnmatch.translate(p) for p in self.patterns]
+            self._regex = _compiled("|".join(f"(?:{r})" for r in either) + r"\Z", flags)
+            if self._regex is _NOTHING:  # one of them cannot compile here: join the others
+                either = [r for r in either if _compiled(r, flags) is not _NOTHING]
+                if either:
+                    self._regex = _compiled("|".join(f"(?:{r})" for r in either) + r"\Z", flags)
         return self._regex.match(arg) is not None
 
 
@@ -340,6 +358,7 @@ def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
             continue
         regex = fnmatch.translate(pattern)
         subject = os.path.basename(value) if kind == "scripts" else value
-        if re.match(regex + r"\Z", subject, re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)):
+        flags = re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)
+        if _compiled(regex + r"\Z", flags).match(subject):
             return pattern
     return None
