@@ -168,6 +168,9 @@ def clean_env(root: Path) -> dict[str, str]:
         PYTHONIOENCODING="utf-8",
         # torch's first-import numpy probe and friends must not be mistaken for our output.
         TORCH_CPP_LOG_LEVEL="ERROR",
+        # One OpenMP thread: the tests start many interpreters at once on few cores, where the
+        # spinning threads of each `import torch` took a third of its CPU time.
+        OMP_NUM_THREADS="1",
     )
     return env
 
