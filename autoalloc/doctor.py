@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoalloc import __version__, allocconf
+from autoalloc import __version__, allocconf, torchinfo
 from autoalloc.allocconf import ALL_VARS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
@@ -174,15 +174,12 @@ def _aborting_value(info: Any, env: Mapping[str, str]) -> str | None:
 def _torch_reports(torch: Any) -> dict[str, Any]:
     """What torch says is in effect (this builds torch's allocator config if nothing did yet)."""
     out: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None, "errors": {}}
-    c = getattr(torch, "_C", None)
-    getter = getattr(c, "_accelerator_getAllocatorSettings", None)
-    if getter is not None:
-        try:
-            out["getter"] = getter()
-        except Exception as exc:
-            out["errors"]["getter"] = (
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-            )
+    try:
+        out["getter"] = torchinfo.allocator_string(torch)
+    except Exception as exc:
+        out["errors"]["getter"] = (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        )
     gpu_build = (
         getattr(torch.version, "cuda", None) is not None
         or getattr(torch.version, "hip", None) is not None

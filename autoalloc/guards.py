@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import field
 from typing import Any
 
-from autoalloc import allocconf, messages
+from autoalloc import allocconf, messages, torchinfo
 from autoalloc.envvars import ORIGINAL_VAR, global_rank
 from autoalloc.records import record
 
@@ -180,7 +180,9 @@ def _torch_dir() -> str:
     return os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
 
 
-def _skip() -> tuple[str, ...]:
+def skipped_frames() -> tuple[str, ...]:
+    """The files a warning never names as the program's line: torch's, and those between the
+    program's call and torch's (``_NOT_USER``)."""
     return (_torch_dir(), *_NOT_USER)
 
 
@@ -197,7 +199,7 @@ def _secondary() -> bool:
 def _warn_once(key: str, message: str, where: str | None = None) -> None:
     """One warning per kind of call and call site (a setter in a loop warns once), per job."""
     if where is None:
-        where = messages.user_frame(_skip())[1]
+        where = messages.user_frame(skipped_frames())[1]
     if (key, where) in _warned:
         return
     _warned.add((key, where))
@@ -205,7 +207,7 @@ def _warn_once(key: str, message: str, where: str | None = None) -> None:
     if _secondary():
         return
     if messages.not_yet_said([text]):
-        messages.warn(text, skip=_skip())
+        messages.warn(text, skip=skipped_frames())
 
 
 def _base(state: Any) -> _Model:
@@ -236,8 +238,7 @@ def _torch_last_string(state: Any) -> str | None:
     if torch is None or sys.modules.get("torch") is not torch:
         return None
     try:
-        getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)  # type: ignore[union-attr]
-        return str(getter()) if getter is not None else None
+        return torchinfo.allocator_string(torch)
     except Exception:
         return None
 
@@ -330,7 +331,7 @@ def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
     # A call autoalloc did not see counts first, asked of torch only where autoalloc applied
     # options; elsewhere the model follows the calls (a late apply asks before it writes).
     model = _model_now(state, ask_torch=bool(intent))
-    where = messages.user_frame(_skip())[1]
+    where = messages.user_frame(skipped_frames())[1]
     try:
         call: list[tuple[str, str]] | None = allocconf.parse(value)
     except allocconf.ConfError:

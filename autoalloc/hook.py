@@ -272,7 +272,7 @@ def _torch_frames() -> tuple[str, ...]:
         return ()
     from autoalloc import guards
 
-    return guards._skip()
+    return guards.skipped_frames()
 
 
 def commit(decision: Decision) -> None:

@@ -2,7 +2,8 @@
 
 Importing torch (or ``importlib.metadata``) to learn its version would defeat the point,
 so this reads the small generated ``version.py`` next to the package that the import
-system found.
+system found. Once torch is imported, ``allocator_string`` is the one place that asks torch
+what its allocator uses.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 from autoalloc.records import record
 
@@ -127,3 +128,14 @@ def locate(paths: Iterable[str] | None = None) -> TorchInfo | None:
         if os.path.isfile(os.path.join(package_dir, "__init__.py")):
             return from_package_dir(package_dir)
     return None
+
+
+GETTER = "_accelerator_getAllocatorSettings"  # on torch._C, 2.12+
+
+
+def allocator_string(torch: Any) -> str | None:
+    """What an imported ``torch`` says its allocator uses (its ``torch._C`` getter), or None
+    where it has none; raises what the getter raises. The first read builds torch's allocator
+    configuration from the environment if nothing did yet."""
+    getter = getattr(getattr(torch, "_C", None), GETTER, None)
+    return None if getter is None else str(getter())

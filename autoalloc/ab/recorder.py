@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Literal
 
-from autoalloc import allocconf
+from autoalloc import allocconf, torchinfo
 from autoalloc.counters import StepSampler, totals
 from autoalloc.envvars import (
     APPLIED_VAR,
@@ -166,14 +166,13 @@ def allocator_settings(torch: Any) -> dict[str, Any]:
     Called at exit only: the first read freezes the allocator configuration.
     """
     out: dict[str, Any] = {"raw": None, "expandable_segments": None, "source": None}
-    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-    if getter is not None:
-        try:
-            out.update(raw=getter(), source="torch._C._accelerator_getAllocatorSettings()")
-            raw = out["raw"]
-            out["expandable_segments"] = None if raw is None else allocconf.segments_on(raw)
-        except Exception as exc:
-            out["getter_error"] = repr(exc)
+    try:
+        raw = torchinfo.allocator_string(torch)
+        if raw is not None:
+            out.update(raw=raw, source=f"torch._C.{torchinfo.GETTER}()")
+            out["expandable_segments"] = allocconf.segments_on(raw)
+    except Exception as exc:
+        out["getter_error"] = repr(exc)
     if getattr(torch.version, "cuda", None) and _snapshot_is_cheap(torch):
         try:
             settings = torch.cuda.memory._snapshot()["allocator_settings"]
