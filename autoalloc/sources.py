@@ -32,7 +32,6 @@ from autoalloc.policy import (
     compose,
     salvage,
     summarize,
-    validate,
 )
 
 MAX_BYTES = 1 << 20
@@ -462,14 +461,12 @@ def _env_layer(env: Mapping[str, str]) -> LayerStatus:
 
 @functools.lru_cache(maxsize=1)
 def builtin_wrappers() -> tuple[wrappers.Wrapper, ...]:
-    """The built-in wrapper table (``wrappers.toml``); empty if it cannot be read, which never
-    happens in an intact installation and must not stop the decision."""
-    try:
-        with open(WRAPPERS_PATH, "rb") as f:
-            table = parse_toml(f.read()).get("wrappers", [])
-        return validate({"wrappers": table}, Source("builtin", WRAPPERS_PATH)).wrappers
-    except (OSError, LayerError, PolicyError):
-        return ()
+    """The built-in wrapper table (``wrappers.toml``), read as a layer file and so remembered
+    across processes as the built-in rules are (a launcher's process would otherwise parse
+    it on every start); empty if it cannot be read, which never happens in an intact
+    installation and must not stop the decision."""
+    read = load_file("builtin", WRAPPERS_PATH, allow_trust=False)
+    return read.config.wrappers if read.status == "found" and read.config is not None else ()
 
 
 @functools.lru_cache(maxsize=1)

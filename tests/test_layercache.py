@@ -77,6 +77,39 @@ def test_a_later_process_uses_the_layers_validated_before(sandbox) -> None:
         assert path.stat().st_mode & 0o077 == 0, path
 
 
+LAUNCHED = """
+import json, os, sys
+from autoalloc import decide, entrypoint, layercache, sources
+layercache.enable()
+cwd = os.getcwd()
+entry = entrypoint.parse([sys.executable, *sys.argv[1:]], cwd)
+policy, program = sources.load_program(entry, os.environ, cwd)
+d = decide.decide(policy, program.entry, os.environ, None, ())
+print(json.dumps({
+    "program": program.entry.target, "decision": [d.action, d.rule],
+    "parsed": "tomllib" in sys.modules or "tomli" in sys.modules,
+    "schema": "autoalloc.schema" in sys.modules,
+}))
+"""
+
+
+def test_a_launcher_finds_the_built_in_wrapper_table_remembered_too(sandbox) -> None:
+    """A launcher's process (torchrun, accelerate, ...) reads the built-in wrapper table to find
+    the program it runs: a later one takes it from the cache, as it does the rules."""
+    sandbox.user_policy(USER)
+    launch = ["-m", "torch.distributed.run", "--nproc-per-node", "2", "train_lab.py"]
+    env = {"XDG_CACHE_HOME": str(cache(sandbox))}
+    runs = []
+    for _ in range(2):
+        result = sandbox.run(["-c", LAUNCHED, *launch], env=env)
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+        runs.append(json.loads(result.stdout))
+    first, second = runs
+    assert first["program"].endswith("train_lab.py") and first["decision"] == ["apply", "lab-a"]
+    assert first["parsed"] and first["schema"]
+    assert not second["parsed"] and not second["schema"]
+    assert (second["program"], second["decision"]) == (first["program"], first["decision"])
+
 def test_only_the_hook_uses_it(sandbox) -> None:
     """explain, doctor, check and the API read the files as they are, and write no cache."""
     sandbox.user_policy(USER)
