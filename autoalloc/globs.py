@@ -80,8 +80,9 @@ _NOTHING = re.compile("(?!)")
 
 def _compiled(regex: str, flags: int) -> re.Pattern[str]:
     """``regex`` compiled; one that fnmatch translated into an invalid range on 3.9
-    (``[z-a]``, which 3.10+ translates into a class that matches nothing) matches nothing
-    too, instead of failing the decision of every rule after it."""
+    (``[z-a]``) matches nothing, instead of failing the decision of every rule after it.
+    3.10+ translates such classes itself, not always into nothing (``[!z-a]``: any one
+    character), so on 3.9 such a pattern may match less than on later versions."""
     try:
         return re.compile(regex, flags)
     except re.error:

@@ -463,8 +463,9 @@ def _env_layer(env: Mapping[str, str]) -> LayerStatus:
 def builtin_wrappers() -> tuple[wrappers.Wrapper, ...]:
     """The built-in wrapper table (``wrappers.toml``), read as a layer file and so remembered
     across processes as the built-in rules are (a launcher's process would otherwise parse
-    it on every start); empty if it cannot be read, which never happens in an intact
-    installation and must not stop the decision."""
+    it on every start). Empty if it cannot be read, and a wrapper that is not valid is left
+    out, which never happens in an intact installation (``test_wrappers`` checks it) and
+    must not stop the decision."""
     read = load_file("builtin", WRAPPERS_PATH, allow_trust=False)
     return read.config.wrappers if read.status == "found" and read.config is not None else ()
 

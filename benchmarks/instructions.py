@@ -19,9 +19,8 @@ place and moved aside:
        ``examples/asr/asr_ctc/speech_to_text_ctc_bpe.py`` (the built-in policy applies), and
        that script under a project ``autoalloc.toml`` of 20 rules (the last one applies);
        and of 200 rules: what P3's policy size costs in a real ``import torch``, the
-       decision with everything it brings (the guards, the watched import triggers, the
-       collections of torch's own import). The hook arm is checked to have decided as
-       expected.
+       decision with the rest of the hook's path (the guards' import and installation).
+       The hook arm is checked to have decided as expected.
 - probe ``importlib.util.find_spec("torch")``: how libraries test for torch.
 - P3   the decision alone (``sources.load`` + ``decide.decide``), first call in a fresh
        process, imports included: 200 and 10,000 rules (half in a project file 30

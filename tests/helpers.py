@@ -154,7 +154,8 @@ class Sandbox:
 
 
 def clean_env(root: Path) -> dict[str, str]:
-    """os.environ without anything that would change autoalloc's or torch's behaviour."""
+    """os.environ without anything that would change autoalloc's or torch's allocator
+    behaviour, plus a fixed HOME and config directories, and one OpenMP thread (below)."""
     env = {
         k: v
         for k, v in os.environ.items()

@@ -193,7 +193,6 @@ def test_guards_after_a_matching_start(sandbox: Sandbox, torch_python: str) -> N
     assert len(autoalloc_warnings(stderr)) == (4 if out["cuda_build"] else 3), stderr
 
 
-@pytest.mark.slow  # test_setter_guard::test_silent_where_autoalloc_applied_nothing
 def test_guards_silent_when_nothing_was_applied(sandbox: Sandbox) -> None:
     out, _, _, stderr = _run(sandbox, "plain.py", PY)
     assert autoalloc_warnings(stderr) == []

@@ -289,7 +289,6 @@ def _device_plugin(sandbox: Sandbox, setting: str) -> str:
     return str(where)
 
 
-@pytest.mark.slow  # a call inside torch/__init__ merged under: the next test checks it too
 def test_a_call_inside_torch_init_is_merged_under(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.user_policy(TRAINING_RULE)
     path = _device_plugin(sandbox, PROGRAM_SETS)

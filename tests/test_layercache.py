@@ -110,6 +110,7 @@ def test_a_launcher_finds_the_built_in_wrapper_table_remembered_too(sandbox) -> 
     assert not second["parsed"] and not second["schema"]
     assert (second["program"], second["decision"]) == (first["program"], first["decision"])
 
+
 def test_only_the_hook_uses_it(sandbox) -> None:
     """explain, doctor, check and the API read the files as they are, and write no cache."""
     sandbox.user_policy(USER)

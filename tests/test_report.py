@@ -70,9 +70,7 @@ def test_report_counts_steps_and_is_written_at_exit_one_file_per_training_proces
 # with --full
 @pytest.mark.parametrize(
     "sig",
-    # quick run: the report written on a signal by the composed SIGTERM handler's test below
-    [pytest.param(signal.SIGTERM, marks=pytest.mark.slow),
-     pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+    [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT],
     ids=["SIGTERM", "SIGINT"],
 )
 def test_report_written_on_signal(tmp_path: Path, sig: signal.Signals) -> None:

@@ -171,7 +171,9 @@ def test_direct_call_names_only_what_it_drops(sandbox: Sandbox) -> None:
     assert [w for w in _setter_warnings(warned) if "resets" in w] == []
 
 
-@pytest.mark.slow  # other spellings of the same call: the patterns above in the quick run
+# the full run: other spellings of the same call (test_direct_call_names_only_what_it_drops
+# makes it in the quick run; test_guards checks the deprecated path's FutureWarning)
+@pytest.mark.slow
 def test_kwargs_and_deprecated_path(sandbox: Sandbox) -> None:
     trainer, module = _setup(sandbox)
     result = sandbox.run([str(trainer), "kwargs"], env=ENV)

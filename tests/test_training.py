@@ -280,7 +280,10 @@ def test_a_tts_trainer_is_off_until_audio_training_is_enabled(sandbox: Sandbox) 
     assert_applied(sandbox.run(["train_tts.py"], env=env), "audio-training")
 
 
-@pytest.mark.slow  # the trigger end to end: test_checkout_e2e; no optimizer: test_builtin_policy
+# the full run: test_checkout_e2e::test_own_script_importing_the_toolkit_gets_the_fallback
+# applies the trigger end to end; test_builtin_policy's IMPORTS cases leave a toolkit import
+# without an optimizer alone (in process)
+@pytest.mark.slow
 def test_an_asr_toolkit_import_without_an_optimizer_is_left_alone(sandbox: Sandbox) -> None:
     env = _site(sandbox, "nemo.collections.asr")
     export = "import nemo.collections.asr, torch\ntorch.nn.Linear(4, 2)(torch.randn(1, 4))\n"

@@ -531,6 +531,11 @@ def test_the_builtin_table_loads_and_is_what_the_policy_uses() -> None:
     ):
         assert name in names
     assert len(set(names)) == len(names)
+    # every wrapper of the file is valid: the table is read tolerantly, leaving a bad one out
+    read = sources.load_file("builtin", sources.WRAPPERS_PATH, allow_trust=False)
+    assert (read.status, read.message) == ("found", "")
+    with open(sources.WRAPPERS_PATH, encoding="utf-8") as f:
+        assert len(names) == f.read().count("\n[[wrappers]]\n")
 
 
 def test_user_wrapper_validates_replaces_and_disables() -> None:
