@@ -290,13 +290,18 @@ class ArgvGlobs:
         if self._regex is None:
             # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
             flags = re.IGNORECASE | re.DOTALL
-            either = [fnmatch.translate(p) for p in self.patterns]
-            self._regex = _compiled("|".join(f"(?:{r})" for r in either) + r"\Z", flags)
-            if self._regex is _NOTHING:  # one of them cannot compile here: join the others
-                either = [r for r in either if _compiled(r, flags) is not _NOTHING]
-                if either:
-                    self._regex = _compiled("|".join(f"(?:{r})" for r in either) + r"\Z", flags)
+            translated = [fnmatch.translate(p) for p in self.patterns]
+            regex = _compiled(_any_of(translated), flags)
+            if regex is _NOTHING:  # one of them cannot compile here: the others still match
+                valid = [r for r in translated if _compiled(r, flags) is not _NOTHING]
+                regex = _compiled(_any_of(valid), flags) if valid else _NOTHING
+            self._regex = regex
         return self._regex.match(arg) is not None
+
+
+def _any_of(regexes: Sequence[str]) -> str:
+    """One regex matching a whole argument that any of ``regexes`` matches."""
+    return "|".join(f"(?:{r})" for r in regexes) + r"\Z"
 
 
 @record(frozen=True)
