@@ -90,6 +90,22 @@ def _hash(self: Any) -> int:
     return hash(_values(self))
 
 
+def _getstate(self: Any) -> dict:
+    # Fields equal to their class-level default are left out: the attribute lookup finds the
+    # default on the class. The layer cache pickles every rule of the policy, and restoring
+    # a field costs the same whether it holds a default or not.
+    defaults = type(self).__record_defaults__
+    return {
+        name: value
+        for name, value in self.__dict__.items()
+        if name not in defaults or not _same(value, defaults[name])
+    }
+
+
+def _same(value: object, default: object) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
+
+
 def _frozen_setattr(self: Any, name: str, value: object) -> None:
     raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
 
@@ -170,12 +186,17 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
             if not f.init and (f.default is not _MISSING or f.default_factory is not _MISSING)
         )
         cls.__record_repr__ = tuple(f.name for f in fields if f.repr)  # type: ignore[attr-defined]
+        cls.__record_defaults__ = {  # type: ignore[attr-defined]  # found on the class
+            f.name: f.default for f in fields if f.default is not _MISSING
+        }
         compared = tuple(f.name for f in fields if f.compare)
         cls.__record_compare__ = compared  # type: ignore[attr-defined]
         own = cls.__dict__
         for name, function in (("__init__", _init), ("__repr__", _repr), ("__eq__", _eq)):
             if name not in own:
                 setattr(cls, name, function)
+        if "__getstate__" not in own:
+            cls.__getstate__ = _getstate  # type: ignore[attr-defined]
         if "__hash__" not in own or own["__hash__"] is None:
             cls.__hash__ = _hash if frozen else None  # type: ignore[assignment]
         if frozen:

@@ -205,3 +205,30 @@ def test_inherited_defaults_and_annotations_as_objects() -> None:
                         ("Shared", ValueError)]:  # fmt: skip
         with pytest.raises(error, match=r"ClassVar|annotation|mutable"):
             record(space[name])
+
+
+@record(frozen=True)
+class Defaulted:
+    """Pickled by module and name."""
+
+    name: str
+    count: int = 0
+    tags: tuple[str, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+
+def test_pickle_leaves_out_the_fields_at_their_default() -> None:
+    """The layer cache pickles every rule of the policy: a field equal to its default is read
+    from the class after unpickling, not stored; one that differs, even by type only (``False``
+    for ``0``), or that has a ``default_factory``, is stored."""
+    item = Defaulted("a")
+    assert set(item.__getstate__()) == {"name", "extra"}
+    other = pickle.loads(pickle.dumps(item))
+    assert other == item and other.count == 0 and other.tags == ()
+    assert dataclasses.asdict(other) == dataclasses.asdict(item)
+    assert dataclasses.replace(other, count=2).count == 2 and other.count == 0
+    falsy = Defaulted("b", False, ("t",))
+    assert set(falsy.__getstate__()) == {"name", "count", "tags", "extra"}
+    back = pickle.loads(pickle.dumps(falsy))
+    assert back.count is False and back.tags == ("t",) and back == falsy
+    assert copy.copy(falsy) == falsy and copy.deepcopy(item) == item
