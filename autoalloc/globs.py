@@ -12,9 +12,8 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Callable, Sequence
-
-from autoalloc.records import record
+from collections.abc import Sequence
+from operator import itemgetter
 
 _DSTAR = object()  # a whole '**' segment: any number of directories
 
@@ -210,93 +209,115 @@ def _split(path: str) -> tuple[tuple[str, ...], frozenset[str]]:
     return found
 
 
-class _Several:
-    """Patterns whose matchers are built one by one, when a check lets a value through."""
-
-    __slots__ = ("_globs", "patterns")
-
-    def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = tuple(patterns)
-        self._globs: list | None = None
-
-    def _glob(self, i: int, build: Callable[[str], NameGlob | PathGlob]) -> NameGlob | PathGlob:
-        globs = self._globs
-        if globs is None:
-            globs = self._globs = [None] * len(self.patterns)
-        glob = globs[i]
-        if glob is None:
-            glob = globs[i] = build(self.patterns[i])
-        return glob
+_MATCHERS: dict[tuple[type, str], NameGlob | PathGlob] = {}
 
 
-class PathGlobs(_Several):
-    """Several ``PathGlob``: ``match`` when any does.
+def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | PathGlob:
+    """The matcher for one pattern, built at its first use in this process and shared by
+    every rule that names the same pattern."""
+    found = _MATCHERS.get((kind, pattern))
+    if found is None:
+        if len(_MATCHERS) >= 4096:  # a long-lived process reading many policies: stay small
+            _MATCHERS.clear()
+        found = _MATCHERS[kind, pattern] = kind(pattern)
+    return found
 
-    Each pattern's literal segments (``_needs``, worked out at the first match) are a
-    necessary condition checked first, and a pattern's matcher is built only for a path that
-    holds them all: a decision looks at every rule of the policy, and most name other paths,
-    whose matchers would cost more to build than all the checks together.
+
+# The matchers of a rule are tuples: the layer cache (``layercache``) stores them with the
+# rule and restores them without running any of their code (a tuple subclass without state
+# unpickles in C), and a decision reads each of them once. The per-pattern matchers
+# (``NameGlob``, ``PathGlob``) are built only for a value that gets past the cheap checks
+# held here, worked out when the rule is validated.
+
+
+class PathGlobs(tuple):
+    """Several ``PathGlob`` as ``(patterns, needs)``: ``match`` when any does.
+
+    ``needs`` holds each pattern's literal segments, a necessary condition checked first: a
+    decision looks at every rule of the policy, and most name other paths, whose matchers
+    would cost more to build than all the checks together.
     """
 
-    __slots__ = ("_needs",)
+    __slots__ = ()
 
-    def __init__(self, patterns: Sequence[str]) -> None:
-        super().__init__(patterns)
-        self._needs: tuple[frozenset[str], ...] | None = None
+    @classmethod
+    def of(cls, patterns: Sequence[str]) -> PathGlobs:
+        patterns = tuple(patterns)
+        return cls((patterns, tuple(_literals(_path_parts(p)) for p in patterns)))
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return self[0]
 
     def match(self, path: str) -> bool:
         present = _split(path)[1]
-        if self._needs is None:
-            self._needs = tuple(_literals(_path_parts(p)) for p in self.patterns)
-        for i, needs in enumerate(self._needs):
-            if needs <= present and self._glob(i, PathGlob).match(path):
+        for pattern, needs in zip(*self):
+            if needs <= present and _matcher(PathGlob, pattern).match(path):
                 return True
         return False
 
 
-class NameGlobs(_Several):
-    """Several ``NameGlob``: ``match`` when any does; each pattern's literal prefix and
-    suffix (``_bounds``) are checked before its matcher is built, as ``PathGlobs`` does."""
+class NameGlobs(tuple):
+    """Several ``NameGlob`` as ``(patterns, bounds)``: ``match`` when any does; each
+    pattern's literal prefix and suffix (``_bounds``) are checked before its matcher is
+    built, as ``PathGlobs`` checks literal segments."""
 
-    __slots__ = ("_bounds",)
+    __slots__ = ()
 
-    def __init__(self, patterns: Sequence[str]) -> None:
-        super().__init__(patterns)
-        self._bounds: tuple[tuple[str, str], ...] | None = None
+    @classmethod
+    def of(cls, patterns: Sequence[str]) -> NameGlobs:
+        patterns = tuple(patterns)
+        return cls((patterns, tuple(_bounds(p) for p in patterns)))
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return self[0]
 
     def match(self, name: str) -> bool:
-        if self._bounds is None:
-            self._bounds = tuple(_bounds(p) for p in self.patterns)
-        for i, (prefix, suffix) in enumerate(self._bounds):
+        for pattern, (prefix, suffix) in zip(*self):
             if name.startswith(prefix) and name.endswith(suffix):
-                if self._glob(i, NameGlob).match(name):
+                if _matcher(NameGlob, pattern).match(name):
                     return True
         return False
 
 
-class ArgvGlobs:
+_ARGV: dict[tuple[str, ...], re.Pattern[str]] = {}
+
+
+class ArgvGlobs(tuple):
     """Argument patterns: case-insensitive, one regex for all, compiled on the first use.
 
     An ``argv`` condition is looked at only for a rule whose other selectors matched.
     """
 
-    __slots__ = ("_regex", "patterns")
+    __slots__ = ()
 
-    def __init__(self, patterns: Sequence[str]) -> None:
-        self.patterns = tuple(patterns)
-        self._regex: re.Pattern[str] | None = None
+    @classmethod
+    def of(cls, patterns: Sequence[str]) -> ArgvGlobs:
+        return cls(patterns)
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return tuple(self)
 
     def match(self, arg: str) -> bool:
-        if self._regex is None:
-            # not cached: on 3.9/3.10 each call names its groups anew, so results can be joined
-            flags = re.IGNORECASE | re.DOTALL
-            translated = [fnmatch.translate(p) for p in self.patterns]
-            regex = _compiled(_any_of(translated), flags)
-            if regex is _NOTHING:  # one of them cannot compile here: the others still match
-                valid = [r for r in translated if _compiled(r, flags) is not _NOTHING]
-                regex = _compiled(_any_of(valid), flags) if valid else _NOTHING
-            self._regex = regex
-        return self._regex.match(arg) is not None
+        regex = _ARGV.get(self)
+        if regex is None:
+            if len(_ARGV) >= 256:
+                _ARGV.clear()
+            regex = _ARGV[tuple(self)] = _argv_regex(self)
+        return regex.match(arg) is not None
+
+
+def _argv_regex(patterns: Sequence[str]) -> re.Pattern[str]:
+    # not re's cache: on 3.9/3.10 each call names its groups anew, so results can be joined
+    flags = re.IGNORECASE | re.DOTALL
+    translated = [fnmatch.translate(p) for p in patterns]
+    regex = _compiled(_any_of(translated), flags)
+    if regex is _NOTHING:  # one of them cannot compile here: the others still match
+        valid = [r for r in translated if _compiled(r, flags) is not _NOTHING]
+        regex = _compiled(_any_of(valid), flags) if valid else _NOTHING
+    return regex
 
 
 def _any_of(regexes: Sequence[str]) -> str:
@@ -304,37 +325,43 @@ def _any_of(regexes: Sequence[str]) -> str:
     return "|".join(f"(?:{r})" for r in regexes) + r"\Z"
 
 
-@record(frozen=True)
-class RulePatterns:
-    """A rule's patterns as matchers (``None`` when the rule has none of that kind)."""
+class RulePatterns(tuple):
+    """A rule's patterns as matchers, ``(paths, names, modules, commands, argv)``: script
+    patterns with a ``/``, script patterns without (the file name), modules, commands,
+    arguments; ``None`` where the rule has none of that kind."""
 
-    paths: PathGlobs | None = None  # script patterns with a '/'
-    names: NameGlobs | None = None  # script patterns without '/': file name
-    modules: NameGlobs | None = None
-    commands: NameGlobs | None = None
-    argv: ArgvGlobs | None = None
+    __slots__ = ()
+
+    paths = property(itemgetter(0))  # PathGlobs | None
+    names = property(itemgetter(1))  # NameGlobs | None
+    modules = property(itemgetter(2))  # NameGlobs | None
+    commands = property(itemgetter(3))  # NameGlobs | None
+    argv = property(itemgetter(4))  # ArgvGlobs | None
 
     def script(self, *paths: str) -> bool:
         for path in paths:
             if not path:
                 continue
-            if self.paths is not None and self.paths.match(path):
+            if self[0] is not None and self[0].match(path):
                 return True
-            if self.names is not None and self.names.match(os.path.basename(path)):
+            if self[1] is not None and self[1].match(os.path.basename(path)):
                 return True
         return False
 
     def module(self, name: str) -> bool:
-        return self.modules is not None and self.modules.match(name)
+        return self[2] is not None and self[2].match(name)
 
     def command(self, name: str) -> bool:
-        return self.commands is not None and self.commands.match(name)
+        return self[3] is not None and self[3].match(name)
 
     def arguments(self, args: Sequence[str]) -> bool:
         """The argv condition: true without one, else when any argument matches."""
-        if self.argv is None:
+        if self[4] is None:
             return True
-        return any(self.argv.match(a) for a in args)
+        return any(self[4].match(a) for a in args)
+
+
+NO_PATTERNS = RulePatterns((None, None, None, None, None))
 
 
 def compile_rule(
@@ -343,13 +370,13 @@ def compile_rule(
     """One rule's patterns as matchers; cheap: regexes are compiled only when a name needs one."""
     paths = [p for p in scripts if "/" in p]
     names = [p for p in scripts if "/" not in p]
-    return RulePatterns(
-        paths=PathGlobs(paths) if paths else None,
-        names=NameGlobs(names) if names else None,
-        modules=NameGlobs(modules) if modules else None,
-        commands=NameGlobs(commands) if commands else None,
-        argv=ArgvGlobs(argv) if argv else None,
-    )
+    return RulePatterns((
+        PathGlobs.of(paths) if paths else None,
+        NameGlobs.of(names) if names else None,
+        NameGlobs.of(modules) if modules else None,
+        NameGlobs.of(commands) if commands else None,
+        ArgvGlobs.of(argv) if argv else None,
+    ))
 
 
 def which(patterns: Sequence[str], kind: str, value: str) -> str | None:

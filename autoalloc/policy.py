@@ -60,7 +60,7 @@ class Rule:
     imports: tuple[str, ...] = ()
     argv: tuple[str, ...] = ()
     allocator: Mapping[str, str] = field(default_factory=dict)  # serialized values
-    compiled: globs.RulePatterns = field(default=globs.RulePatterns(), compare=False, repr=False)
+    compiled: globs.RulePatterns = field(default=globs.NO_PATTERNS, compare=False, repr=False)
     enabled: bool = True  # false: off until a higher layer lists the name in `enable`
     outside: tuple[str, ...] = ()  # files marking toolkit checkouts where `imports` do not fire
     training: bool = False  # holds only once the process has built a torch optimizer
@@ -244,10 +244,15 @@ def compose(configs: Sequence[LayerConfig], layers: Sequence[LayerStatus] = ()) 
     for level, config in enumerate(configs):
         higher = configs[level + 1 :]
         above = range(level + 1, len(configs))
+        # most layers above list no `enable`/`disable` and name none of the rules below
+        switching = any(c.disable or c.enable for c in higher)
+        taken = frozenset().union(*named[level + 1 :])
         for rule in config.rules:
-            switch = switched(rule.name, higher)
+            switch = switched(rule.name, higher) if switching else None
             disabler = switch[1] if switch and switch[0] == "disable" else None
-            replacer = next((configs[i] for i in above if rule.name in named[i]), None)
+            replacer = None
+            if rule.name in taken:
+                replacer = next(configs[i] for i in above if rule.name in named[i])
             if disabler is not None:
                 where = disabler.source.describe()
                 dropped[f"{rule.name}@{config.source.layer}"] = f"disabled by {where}"

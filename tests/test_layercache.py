@@ -203,3 +203,27 @@ def test_the_unpickler_builds_policy_records_only() -> None:
         layercache._loads(pickle.dumps(Boom()))
     with pytest.raises(pickle.UnpicklingError):
         layercache._loads(pickle.dumps(object()))
+
+
+def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
+    """What the cache restores is what validation built: the rules, their matchers (tuples
+    holding each pattern's literal segments, prefix and suffix) and the wrappers."""
+    from autoalloc import sources
+    from autoalloc.globs import NameGlobs, PathGlobs, RulePatterns, compile_rule
+    from autoalloc.policy import Rule
+
+    layer = sources.load_file("builtin", sources.BUILTIN_PATH, allow_trust=False)
+    wrappers = sources.load_file("builtin", sources.WRAPPERS_PATH, allow_trust=False)
+    for config in (layer.config, wrappers.config):
+        restored = layercache._loads(pickle.dumps(config, protocol=4))
+        assert restored == config and restored.wrappers == config.wrappers
+        for a, b in zip(config.rules + config.wrappers, restored.rules + restored.wrappers):
+            assert type(b.compiled) is RulePatterns and b.compiled == a.compiled
+    scripts, modules = ("**/asr/*/train*.py", "run_*.py"), ("asr.train",)
+    compiled = compile_rule(scripts, modules, (), ())
+    rule = Rule("r", layer.config.source, scripts=scripts, modules=modules, compiled=compiled)
+    back = layercache._loads(pickle.dumps(rule, protocol=4)).compiled
+    assert type(back.paths) is PathGlobs and back.paths[1] == (frozenset({"asr"}),)
+    assert type(back.names) is NameGlobs and back.names[1] == (("run_", ".py"),)
+    assert back.script("/w/asr/x/train_ctc.py") and back.script("/w/run_asr.py")
+    assert not back.script("/w/tts/x/train_ctc.py") and back.module("asr.train")

@@ -138,7 +138,7 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
         # several patterns: each one's literal prefix and suffix checked before its matcher
         other = "".join(others.choice(alphabet) for _ in range(others.randint(0, 6)))
         either = expected or agrees(other, name)
-        assert NameGlobs([other, pattern]).match(name) is either, (other, pattern, name)
+        assert NameGlobs.of([other, pattern]).match(name) is either, (other, pattern, name)
 
 
 def test_a_pattern_re_cannot_compile_matches_nothing() -> None:
@@ -149,9 +149,9 @@ def test_a_pattern_re_cannot_compile_matches_nothing() -> None:
 
     assert _compiled("[z-a]", 0).match("z") is None  # a regex no version compiles
     assert not NameGlob("tr[z-a]in.py").match("train.py")
-    assert NameGlobs(["tr[z-a]in.py", "train.py"]).match("train.py")
-    assert ArgvGlobs(["*[z-a]*", "*asr*"]).match("--data=asr.json")
-    assert not ArgvGlobs(["[z-a]"]).match("") and not ArgvGlobs(["[z-a]"]).match("z")
+    assert NameGlobs.of(["tr[z-a]in.py", "train.py"]).match("train.py")
+    assert ArgvGlobs.of(["*[z-a]*", "*asr*"]).match("--data=asr.json")
+    assert not ArgvGlobs.of(["[z-a]"]).match("") and not ArgvGlobs.of(["[z-a]"]).match("z")
     assert which(["x[z-a].py", "t*.py"], "scripts", "/w/train.py") == "t*.py"
     assert which(["*[z-a]*"], "argv", "--asr") is None
     found = rules(
@@ -175,7 +175,7 @@ def test_path_globs_agree_with_each_pattern() -> None:
                     for _ in range(rng.randint(1, 3))]  # fmt: skip
         path = "/" + "/".join(rng.choice(["a", "b", "ab"]) for _ in range(rng.randint(1, 5)))
         expected = any(PathGlob(p).match(path) for p in patterns)
-        assert PathGlobs(patterns).match(path) is expected, (patterns, path)
+        assert PathGlobs.of(patterns).match(path) is expected, (patterns, path)
 
 
 def test_not_imports_and_not_imports_unless() -> None:
