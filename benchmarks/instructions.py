@@ -24,12 +24,14 @@ place and moved aside:
 - probe ``importlib.util.find_spec("torch")``: how libraries test for torch.
 - P3   the decision alone (``sources.load`` + ``decide.decide``), first call in a fresh
        process, imports included: 200 and 10,000 rules (half in a project file 30
-       directories above the script, half in a user file; the last one matches); counted as
-       the process that decides minus the same process that does not. ``warm``: the layer
-       cache was written by an earlier process; ``cold``: no cache yet; ``at import
-       torch``: warm, with the modules a no-hook ``import torch`` loads (``typing``,
-       ``dataclasses``, ``re``, ``pickle``, ...) imported first in both processes, which is
-       what the decision adds where it runs, right before torch's own code.
+       directories above the script, half in a user file; the last one matches); counted
+       inside the call that decides only (callgrind's ``--toggle-collect`` on the C function
+       that calls it, ``functools.reduce``): what the process does before does not count,
+       nor does any nondeterminism there. ``warm``: the layer cache was written by an
+       earlier process; ``cold``: no cache yet; ``at import torch``: warm, with the modules
+       a no-hook ``import torch`` loads (``typing``, ``dataclasses``, ``re``, ``pickle``,
+       ...) imported first, which is what the decision adds where it runs, right before
+       torch's own code.
 - net  the decision at ``import torch`` without torch: the modules torch imports anyway
        loaded first, then the hook's ``before_exec`` (and the import of ``autoalloc.guards``)
        on a stand-in module; a quick (seconds, not minutes) estimate of P2's difference.
@@ -69,9 +71,16 @@ COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 NEMO_SCRIPT = ("NeMo", "examples", "asr", "asr_ctc", "speech_to_text_ctc_bpe.py")
 
 
-def count(argv: list[str], env: dict[str, str], cwd: Path) -> int:
-    """Instructions ``argv`` executes (callgrind, no cache simulation, no output file)."""
-    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv]
+# The C function whose calls P3 counts alone: the decision runs inside functools.reduce
+# (an otherwise unused builtin), so what the process does before it does not count.
+MARKER = "functools_reduce"
+
+
+def count(argv: list[str], env: dict[str, str], cwd: Path, inside: str | None = None) -> int:
+    """Instructions ``argv`` executes (callgrind, no cache simulation, no output file);
+    ``inside``: only those executed inside calls of that C function."""
+    only = ["--collect-atstart=no", f"--toggle-collect={inside}"] if inside else []
+    cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *only, *argv]
     out = subprocess.run(cmd, env=env, cwd=str(cwd), capture_output=True, text=True)
     found = COLLECTED.findall(out.stderr)
     if out.returncode != 0 or not found:
@@ -227,14 +236,17 @@ def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str, off: int | None) 
 
 P3_SCRIPT = textwrap.dedent(
     """
-    import os, sys
+    import functools, os, sys
     for name in (sys.argv[2] if len(sys.argv) > 2 else "").split(","):
         if name:  # the modules torch imports anyway (the "at import torch" count)
             try:
                 __import__(name)
             except Exception:
                 pass
-    if sys.argv[1] == "1":
+
+    def decision(*_):
+        if sys.argv[1] == "0":
+            return "none - 0"
         from autoalloc import decide, entrypoint, layercache, sources
         from autoalloc.torchinfo import TorchInfo
         layercache.enable()  # as the hook does
@@ -244,7 +256,9 @@ P3_SCRIPT = textwrap.dedent(
         policy = sources.load(entry, env, cwd)
         torch = TorchInfo("2.13.0+cu130", cuda="13.0")
         d = decide.decide(policy, entry, env, torch, set(sys.modules))
-        sys.stdout.write(f"{d.action} {d.rule} {len(policy.rules)}\\n")
+        return f"{d.action} {d.rule} {len(policy.rules)}"
+
+    sys.stdout.write(functools.reduce(decision, [0, 1]) + "\\n")  # the marker call
     """
 )
 
@@ -261,8 +275,11 @@ def torch_modules(venv: wall.Venv, env: dict, cwd: Path) -> list[str]:
 
 
 def case_p3(venv: wall.Venv, env: dict, work: Path, rules: int, cold: bool) -> dict:
-    """``warm``/``cold``: imports included; ``at-import-torch``: the modules torch imports
-    anyway loaded first in both arms, as at ``import torch`` (warm cache)."""
+    """The instructions executed inside the decision call (``MARKER``): the process's start
+    and the modules it loads before do not count. ``warm``/``cold``: imports included;
+    ``at-import-torch``: the modules a no-hook ``import torch`` loads imported first, as at
+    ``import torch`` (warm cache). ``none``: the same call deciding nothing (the marker's own
+    cost, a few thousand instructions)."""
     deep, config_home = wall.p3_fixture(work, rules, 30)
     script = wall.write(work / "p3_count.py", P3_SCRIPT)
     cache = work / f"p3-{rules}-cache"
@@ -273,18 +290,18 @@ def case_p3(venv: wall.Venv, env: dict, work: Path, rules: int, cold: bool) -> d
         shutil.rmtree(cache, ignore_errors=True)
         out: dict = {}
         if cold:
-            out["cold"] = count([venv.python, str(script), "1"], env, deep)
+            out["cold"] = count([venv.python, str(script), "1"], env, deep, MARKER)
         decided = native([venv.python, str(script), "1"], env, deep).split()
-        out["warm"] = count([venv.python, str(script), "1"], env, deep)
-        out["none"] = count([venv.python, str(script), "0"], env, deep)
-        out["at-import-torch"] = count([venv.python, str(script), "1", anyway], env, deep)
-        out["none-at-import-torch"] = count([venv.python, str(script), "0", anyway], env, deep)
+        out["warm"] = count([venv.python, str(script), "1"], env, deep, MARKER)
+        out["none"] = count([venv.python, str(script), "0"], env, deep, MARKER)
+        out["at-import-torch"] = count([venv.python, str(script), "1", anyway], env, deep, MARKER)
     finally:
         venv.set_hook(True)
-    result = {"counts": out, "rules": int(decided[2]), "decision": decided[:2]}
+    if out["warm"] < 1_000_000:  # no symbol for the marker (a stripped build): nothing counted
+        raise SystemExit(f"instructions.py: callgrind found no {MARKER} to count inside")
+    result = {"counts": out, "rules": int(decided[2]), "decision": decided[:2], "method": MARKER}
     result["decided_as_expected"] = decided[:2] == ["apply", "user-last"]
-    result["added"] = {k: out[k] - out["none"] for k in ("cold", "warm") if k in out}
-    result["added"]["at-import-torch"] = out["at-import-torch"] - out["none-at-import-torch"]
+    result["added"] = {k: out[k] for k in ("cold", "warm", "at-import-torch") if k in out}
     return result
 
 
