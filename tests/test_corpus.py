@@ -13,6 +13,7 @@ what it would see in a real clone. Run with ``-s`` to see the per-toolkit table.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from collections import Counter
 from collections.abc import Iterable
@@ -382,6 +383,47 @@ def test_the_default_policy_recall_goal() -> None:
 def test_the_default_policy_precision_goal() -> None:
     table, _ = unlisted_score(builtin_policy(), "TRAIN")
     assert ratios(table["all"])[0] >= UNLISTED_GOAL
+
+
+def best_in_run_view(positive: str) -> tuple[float, float, set[str]]:
+    """The best precision and recall that any decision made from a program's modules and its
+    optimizer can reach on the corpus, with the trees whose programs it cannot tell apart.
+
+    Programs with the same modules and the same optimizer answer get the same decision,
+    whatever the rule; a group that mixes ``positive`` rows with others costs false
+    positives if it gets the option and misses if not. Every way of deciding the mixed
+    groups is tried (the pure ones are decided right); the best is the one whose lower
+    figure is highest."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in UNLISTED:
+        if row["label"] != "AMBIGUOUS":
+            key = (frozenset([*row["reaches"], *row["imports"]]), row["optimizer"])
+            groups.setdefault(key, []).append(row)
+    total = sum(row["label"] == positive for rows in groups.values() for row in rows)
+    mixed = [rows for rows in groups.values() if len({r["label"] == positive for r in rows}) > 1]
+    counts = [(sum(r["label"] == positive for r in rows), sum(r["label"] != positive for r in rows))
+              for rows in mixed]  # fmt: skip
+    best = (0.0, 0.0)
+    for choice in itertools.product((False, True), repeat=len(mixed)):
+        tp = total - sum(want for (want, _), on in zip(counts, choice) if not on)
+        fp = sum(other for (_, other), on in zip(counts, choice) if on)
+        found = (tp / (tp + fp) if tp + fp else 1.0, tp / total)
+        best = max(best, found, key=min)
+    return best[0], best[1], {r["repo"] for rows in mixed for r in rows}
+
+
+def test_no_decision_from_modules_and_optimizer_reaches_the_goal_on_this_corpus() -> None:
+    """Why the TRAIN goal tests above fail whatever the signals: SLAM-LLM's ASR trainers and
+    its music and emotion captioning trainers, CAT's CTC/RNN-T and language-model trainers,
+    fairseq2's wav2vec2 and language-model recipes reach exactly the same modules and all
+    build an optimizer (what differs is chosen at run time: configs, model classes); at best
+    0.929 / 0.945.
+    For ``audio-training`` the same bound is 0.984: its gap is the signals', not the view's."""
+    precision, recall, trees = best_in_run_view("TRAIN")
+    assert (round(precision, 3), round(recall, 3)) == (0.929, 0.945)
+    assert min(precision, recall) < UNLISTED_GOAL
+    assert trees == {"X-LANCE/SLAM-LLM", "thu-spmi/CAT", "facebookresearch/fairseq2"}
+    assert min(best_in_run_view("AUDIO")[:2]) >= UNLISTED_GOAL
 
 
 def test_audio_training_once_enabled_on_programs_no_rule_names() -> None:
