@@ -214,7 +214,9 @@ _MATCHERS: dict[tuple[type, str], NameGlob | PathGlob] = {}
 
 def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | PathGlob:
     """The matcher for one pattern, built at its first use in this process and shared by
-    every rule that names the same pattern."""
+    every rule that names the same pattern (not a ``~`` pattern: HOME may change)."""
+    if pattern.startswith("~"):
+        return kind(pattern)
     found = _MATCHERS.get((kind, pattern))
     if found is None:
         if len(_MATCHERS) >= 4096:  # a long-lived process reading many policies: stay small

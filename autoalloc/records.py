@@ -94,16 +94,25 @@ def _getstate(self: Any) -> dict:
     # Fields equal to their class-level default are left out: the attribute lookup finds the
     # default on the class. The layer cache pickles every rule of the policy, and restoring
     # a field costs the same whether it holds a default or not.
-    defaults = type(self).__record_defaults__
+    cls = type(self)
+    defaults = cls.__record_defaults__
     return {
         name: value
         for name, value in self.__dict__.items()
-        if name not in defaults or not _same(value, defaults[name])
+        if name not in defaults
+        or not _same(value, defaults[name])
+        or getattr(cls, name, _MISSING) is not defaults[name]  # a subclass shadows it
     }
 
 
+_SCALARS = (str, int, float, bool, bytes, type(None))
+
+
 def _same(value: object, default: object) -> bool:
-    return value is default or (type(value) is type(default) and value == default)
+    # equal scalars of the same type, or the very object (the empty tuple); a container that
+    # is only equal could hold equal elements of another type (1 for True)
+    return value is default or (type(value) is type(default) and type(value) in _SCALARS
+                                and value == default)  # fmt: skip
 
 
 def _frozen_setattr(self: Any, name: str, value: object) -> None:
@@ -186,7 +195,7 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
             if not f.init and (f.default is not _MISSING or f.default_factory is not _MISSING)
         )
         cls.__record_repr__ = tuple(f.name for f in fields if f.repr)  # type: ignore[attr-defined]
-        cls.__record_defaults__ = {  # type: ignore[attr-defined]  # found on the class
+        cls.__record_defaults__ = {  # type: ignore[attr-defined]
             f.name: f.default for f in fields if f.default is not _MISSING
         }
         compared = tuple(f.name for f in fields if f.compare)

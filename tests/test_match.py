@@ -208,3 +208,15 @@ def test_also_imports() -> None:
     match = first_match(found, entry, {"audio", "wer"})
     assert match.rule.name == "asr" and match.reason == "module audio is imported with wer"
     assert pending_triggers(found, {"audio"}) == {"text", "wer"}  # the trigger may come first
+
+
+def test_a_home_pattern_follows_home_within_a_process(monkeypatch) -> None:
+    """Per-pattern matchers are shared across the rules of a process, but not a ``~``
+    pattern's, which depends on HOME (explain and tests change it between decisions)."""
+    from autoalloc.globs import compile_rule
+
+    monkeypatch.setenv("HOME", "/home/a")
+    assert compile_rule(("~/lab/*.py",), (), (), ()).script("/home/a/lab/x.py")
+    monkeypatch.setenv("HOME", "/home/b")
+    later = compile_rule(("~/lab/*.py",), (), (), ())
+    assert later.script("/home/b/lab/x.py") and not later.script("/home/a/lab/x.py")

@@ -232,3 +232,25 @@ def test_pickle_leaves_out_the_fields_at_their_default() -> None:
     back = pickle.loads(pickle.dumps(falsy))
     assert back.count is False and back.tags == ("t",) and back == falsy
     assert copy.copy(falsy) == falsy and copy.deepcopy(item) == item
+
+
+def test_pickle_keeps_what_the_class_would_not_give_back() -> None:
+    """A container only equal to its default (``(1,)`` for ``(True,)``) and a field whose
+    default a subclass's attribute shadows are stored, so they come back as they were."""
+
+    @record(frozen=True)
+    class Flags:
+        flags: tuple = (True,)
+        size: int = 1
+
+    class Bigger(Flags):
+        size = 5
+
+    globals().update(Flags=Flags, Bigger=Bigger)  # pickled by module and name
+    Flags.__qualname__, Bigger.__qualname__ = "Flags", "Bigger"
+    try:
+        item = pickle.loads(pickle.dumps(Flags((1,))))
+        assert item.flags == (1,) and type(item.flags[0]) is int
+        assert pickle.loads(pickle.dumps(Bigger(size=1))).size == 1
+    finally:
+        del globals()["Flags"], globals()["Bigger"]
