@@ -214,7 +214,8 @@ _MATCHERS: dict[tuple[type, str], NameGlob | PathGlob] = {}
 
 def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | PathGlob:
     """The matcher for one pattern, built at its first use in this process and shared by
-    every rule that names the same pattern (not a ``~`` pattern: HOME may change)."""
+    every rule that names the same pattern (``PathGlobs`` holds its ``~`` patterns expanded;
+    one that could not be expanded is not shared, since it would be expanded again)."""
     if pattern.startswith("~"):
         return kind(pattern)
     found = _MATCHERS.get((kind, pattern))
@@ -244,8 +245,9 @@ class PathGlobs(tuple):
 
     @classmethod
     def of(cls, patterns: Sequence[str]) -> PathGlobs:
-        patterns = tuple(patterns)
-        return cls((patterns, tuple(_literals(_path_parts(p)) for p in patterns)))
+        # `~` expanded here, with the HOME the layer is validated (and cached) under
+        expanded = tuple(os.path.expanduser(p) if p.startswith("~") else p for p in patterns)
+        return cls((expanded, tuple(_literals(_path_parts(p)) for p in expanded)))
 
     @property
     def patterns(self) -> tuple[str, ...]:

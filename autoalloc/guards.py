@@ -31,7 +31,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import field
+from dataclasses import field, fields
 from typing import Any
 
 from autoalloc import allocconf, messages, torchinfo
@@ -457,7 +457,7 @@ def setter_report(
             "asked": value, "from": _asked_origin.get(key, "?"), "now": now, "reported_by": source,
             "changed_by": changed.get(key), "ok": same(key, value, now),  # type: ignore[arg-type]
         }
-    calls = [dict(vars(call)) for call in CALLS]
+    calls = [{f.name: getattr(call, f.name) for f in fields(call)} for call in CALLS]
     return {"calls": calls, "options": options}
 
 

@@ -13,6 +13,10 @@ instances of the same class, hashing of the compared fields when frozen (unhasha
 otherwise, as a dataclass), ``FrozenInstanceError``. Not supported, and refused:
 ``ClassVar`` and ``InitVar`` fields, a ``field()`` without an annotation. Not provided:
 ``__match_args__``, ``__dataclass_params__`` (a ``@dataclass`` deriving from a record).
+Unlike a dataclass, a record pickles (and ``copy`` copies) only the fields that differ from
+their defaults, which the copy then reads from the class: the layer cache stores every rule
+of the policy. Read a record's fields with ``getattr`` or ``dataclasses.fields``, not
+``vars()``.
 """
 
 from __future__ import annotations
@@ -105,12 +109,13 @@ def _getstate(self: Any) -> dict:
     }
 
 
-_SCALARS = (str, int, float, bool, bytes, type(None))
+_SCALARS = (str, int, bool, bytes, type(None))
 
 
 def _same(value: object, default: object) -> bool:
     # equal scalars of the same type, or the very object (the empty tuple); a container that
-    # is only equal could hold equal elements of another type (1 for True)
+    # is only equal could hold equal elements of another type (1 for True), and a float
+    # another sign (-0.0 for 0.0)
     return value is default or (type(value) is type(default) and type(value) in _SCALARS
                                 and value == default)  # fmt: skip
 
@@ -204,8 +209,8 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
         for name, function in (("__init__", _init), ("__repr__", _repr), ("__eq__", _eq)):
             if name not in own:
                 setattr(cls, name, function)
-        if "__getstate__" not in own:
-            cls.__getstate__ = _getstate  # type: ignore[attr-defined]
+        if not any("__getstate__" in vars(base) for base in cls.__mro__[:-1]):
+            cls.__getstate__ = _getstate  # type: ignore[attr-defined]  # not over one's own
         if "__hash__" not in own or own["__hash__"] is None:
             cls.__hash__ = _hash if frozen else None  # type: ignore[assignment]
         if frozen:

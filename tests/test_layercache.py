@@ -227,3 +227,27 @@ def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
     assert type(back.names) is NameGlobs and back.names[1] == (("run_", ".py"),)
     assert back.script("/w/asr/x/train_ctc.py") and back.script("/w/run_asr.py")
     assert not back.script("/w/tts/x/train_ctc.py") and back.module("asr.train")
+
+
+def _short(text: str) -> bytes:
+    return b"\x8c" + bytes([len(text)]) + text.encode()  # SHORT_BINUNICODE
+
+
+# How an autoalloc before 2026-12-02 pickled a rule's matchers: objects rebuilt with slot state
+# (NEWOBJ of the class, then BUILD with (None, {slot: value})).
+OLD_PATH_GLOBS = (
+    b"\x80\x04" + _short("autoalloc.globs") + _short("PathGlobs") + b"\x93)\x81"
+    + b"N}" + _short("patterns") + _short("**/asr/train*.py") + b"\x85s"
+    + _short("_needs") + b"Ns" + _short("_globs") + b"Ns" + b"\x86b."
+)  # fmt: skip
+
+
+def test_an_entry_an_older_autoalloc_wrote_is_ignored(monkeypatch, tmp_path) -> None:
+    """The entry file is named by what it is for, so an upgrade reads the older version's
+    entry before replacing it: its matchers do not restore, and the layer is read anew."""
+    with pytest.raises(AttributeError):
+        layercache._loads(OLD_PATH_GLOBS)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(layercache, "_ENABLED", [True])
+    monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATH_GLOBS)
+    assert layercache.get("layer", ("user", "/x/config.toml"), b"") is None

@@ -210,13 +210,16 @@ def test_also_imports() -> None:
     assert pending_triggers(found, {"audio"}) == {"text", "wer"}  # the trigger may come first
 
 
-def test_a_home_pattern_follows_home_within_a_process(monkeypatch) -> None:
-    """Per-pattern matchers are shared across the rules of a process, but not a ``~``
-    pattern's, which depends on HOME (explain and tests change it between decisions)."""
+def test_a_home_pattern_keeps_the_home_it_was_validated_with(monkeypatch) -> None:
+    """A ``~`` pattern is expanded when the rule is validated, with the HOME the layer cache
+    keys it by: a rule kept after HOME changes matches as validated, a rule validated
+    afterwards under the new HOME (per-pattern matchers are shared within a process)."""
     from autoalloc.globs import compile_rule
 
     monkeypatch.setenv("HOME", "/home/a")
-    assert compile_rule(("~/lab/*.py",), (), (), ()).script("/home/a/lab/x.py")
+    first = compile_rule(("~/lab/*.py",), (), (), ())
+    assert first.script("/home/a/lab/x.py")
     monkeypatch.setenv("HOME", "/home/b")
+    assert first.script("/home/a/lab/x.py") and not first.script("/home/b/lab/x.py")
     later = compile_rule(("~/lab/*.py",), (), (), ())
     assert later.script("/home/b/lab/x.py") and not later.script("/home/a/lab/x.py")

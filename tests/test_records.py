@@ -252,5 +252,32 @@ def test_pickle_keeps_what_the_class_would_not_give_back() -> None:
         item = pickle.loads(pickle.dumps(Flags((1,))))
         assert item.flags == (1,) and type(item.flags[0]) is int
         assert pickle.loads(pickle.dumps(Bigger(size=1))).size == 1
+        assert copy.copy(Bigger(size=1)).size == 1
     finally:
         del globals()["Flags"], globals()["Bigger"]
+
+
+def test_a_float_keeps_its_sign_and_a_record_its_own_getstate() -> None:
+    """``-0.0`` equals a ``0.0`` default but is not it; a record that pickles itself (here or
+    in a base) keeps doing so."""
+
+    @record(frozen=True)
+    class Ratio:
+        value: float = 0.0
+
+    class Own:
+        def __getstate__(self) -> dict:
+            return {"name": "own"}
+
+    @record
+    class Custom(Own):
+        name: str = "x"
+
+    globals().update(Ratio=Ratio)
+    Ratio.__qualname__ = "Ratio"
+    try:
+        assert str(pickle.loads(pickle.dumps(Ratio(-0.0))).value) == "-0.0"
+        assert str(copy.copy(Ratio(-0.0)).value) == "-0.0"
+    finally:
+        del globals()["Ratio"]
+    assert Custom("y").__getstate__() == {"name": "own"}
