@@ -214,8 +214,8 @@ _MATCHERS: dict[tuple[type, str], NameGlob | PathGlob] = {}
 
 def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | PathGlob:
     """The matcher for one pattern, built at its first use in this process and shared by
-    every rule that names the same pattern (``PathGlobs`` holds its ``~`` patterns expanded;
-    one that could not be expanded is not shared, since it would be expanded again)."""
+    every rule that names the same pattern (``compile_rule`` expands ``~``; a pattern it
+    could not expand is not shared, since it would be expanded again)."""
     if pattern.startswith("~"):
         return kind(pattern)
     found = _MATCHERS.get((kind, pattern))
@@ -226,101 +226,46 @@ def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | 
     return found
 
 
-# The matchers of a rule are tuples: the layer cache (``layercache``) stores them with the
-# rule and restores them without running any of their code (a tuple subclass without state
-# unpickles in C), and a decision reads each of them once. The per-pattern matchers
-# (``NameGlob``, ``PathGlob``) are built only for a value that gets past the cheap checks
-# held here, worked out when the rule is validated.
+def _any_path(patterns: tuple[str, ...], needs: tuple[frozenset[str], ...], path: str) -> bool:
+    """Whether any of the ``PathGlob`` patterns matches ``path``: each one's literal segments
+    (``needs``) are a necessary condition checked first, and its matcher is built only for a
+    path that holds them all (a decision looks at every rule of the policy, and most name
+    other paths, whose matchers would cost more to build than all the checks together)."""
+    present = _split(path)[1]
+    for pattern, need in zip(patterns, needs):
+        if need <= present and _matcher(PathGlob, pattern).match(path):
+            return True
+    return False
 
 
-class PathGlobs(tuple):
-    """Several ``PathGlob`` as ``(patterns, needs)``: ``match`` when any does.
-
-    ``needs`` holds each pattern's literal segments, a necessary condition checked first: a
-    decision looks at every rule of the policy, and most name other paths, whose matchers
-    would cost more to build than all the checks together.
-    """
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, patterns: Sequence[str]) -> PathGlobs:
-        # `~` expanded here, with the HOME the layer is validated (and cached) under
-        expanded = tuple(os.path.expanduser(p) if p.startswith("~") else p for p in patterns)
-        return cls((expanded, tuple(_literals(_path_parts(p)) for p in expanded)))
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        return self[0]
-
-    def match(self, path: str) -> bool:
-        present = _split(path)[1]
-        for pattern, needs in zip(*self):
-            if needs <= present and _matcher(PathGlob, pattern).match(path):
+def _any_name(patterns: tuple[str, ...], bounds: tuple[tuple[str, str], ...], name: str) -> bool:
+    """Whether any of the ``NameGlob`` patterns matches ``name``: each one's literal prefix
+    and suffix (``bounds``) checked first, as ``_any_path`` checks literal segments."""
+    for pattern, (prefix, suffix) in zip(patterns, bounds):
+        if name.startswith(prefix) and name.endswith(suffix):
+            if _matcher(NameGlob, pattern).match(name):
                 return True
-        return False
-
-
-class NameGlobs(tuple):
-    """Several ``NameGlob`` as ``(patterns, bounds)``: ``match`` when any does; each
-    pattern's literal prefix and suffix (``_bounds``) are checked before its matcher is
-    built, as ``PathGlobs`` checks literal segments."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, patterns: Sequence[str]) -> NameGlobs:
-        patterns = tuple(patterns)
-        return cls((patterns, tuple(_bounds(p) for p in patterns)))
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        return self[0]
-
-    def match(self, name: str) -> bool:
-        for pattern, (prefix, suffix) in zip(*self):
-            if name.startswith(prefix) and name.endswith(suffix):
-                if _matcher(NameGlob, pattern).match(name):
-                    return True
-        return False
+    return False
 
 
 _ARGV: dict[tuple[str, ...], re.Pattern[str]] = {}
 
 
-class ArgvGlobs(tuple):
-    """Argument patterns: case-insensitive, one regex for all, compiled on the first use.
-
-    An ``argv`` condition is looked at only for a rule whose other selectors matched.
-    """
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, patterns: Sequence[str]) -> ArgvGlobs:
-        return cls(patterns)
-
-    @property
-    def patterns(self) -> tuple[str, ...]:
-        return tuple(self)
-
-    def match(self, arg: str) -> bool:
-        regex = _ARGV.get(self)
-        if regex is None:
-            if len(_ARGV) >= 256:
-                _ARGV.clear()
-            regex = _ARGV[tuple(self)] = _argv_regex(self)
-        return regex.match(arg) is not None
-
-
-def _argv_regex(patterns: Sequence[str]) -> re.Pattern[str]:
-    # not re's cache: on 3.9/3.10 each call names its groups anew, so results can be joined
-    flags = re.IGNORECASE | re.DOTALL
-    translated = [fnmatch.translate(p) for p in patterns]
-    regex = _compiled(_any_of(translated), flags)
-    if regex is _NOTHING:  # one of them cannot compile here: the others still match
-        valid = [r for r in translated if _compiled(r, flags) is not _NOTHING]
-        regex = _compiled(_any_of(valid), flags) if valid else _NOTHING
+def _argv_regex(patterns: tuple[str, ...]) -> re.Pattern[str]:
+    """Argument patterns as one case-insensitive regex, compiled at the first use of these
+    patterns in this process (not re's cache: on 3.9/3.10 each call names its groups anew,
+    so results can be joined)."""
+    regex = _ARGV.get(patterns)
+    if regex is None:
+        if len(_ARGV) >= 256:
+            _ARGV.clear()
+        flags = re.IGNORECASE | re.DOTALL
+        translated = [fnmatch.translate(p) for p in patterns]
+        regex = _compiled(_any_of(translated), flags)
+        if regex is _NOTHING:  # one of them cannot compile here: the others still match
+            valid = [r for r in translated if _compiled(r, flags) is not _NOTHING]
+            regex = _compiled(_any_of(valid), flags) if valid else _NOTHING
+        _ARGV[patterns] = regex
     return regex
 
 
@@ -330,57 +275,72 @@ def _any_of(regexes: Sequence[str]) -> str:
 
 
 class RulePatterns(tuple):
-    """A rule's patterns as matchers, ``(paths, names, modules, commands, argv)``: script
-    patterns with a ``/``, script patterns without (the file name), modules, commands,
-    arguments; ``None`` where the rule has none of that kind."""
+    """A rule's patterns, with what rejects most values cheaply, worked out at validation:
+    ``(paths, needs, names, name_bounds, modules, module_bounds, commands, command_bounds,
+    argv)``. Script patterns with a ``/`` (``~`` expanded) and each one's literal segments;
+    script patterns without (the file name), module and command patterns, each with its
+    literal prefix and suffix; argument patterns. Empty where the rule has none.
+
+    One flat tuple of plain tuples, so that the layer cache stores it with each rule and
+    restores it in C with few objects (a tuple subclass without instance state: no code of
+    this class runs); a per-pattern matcher (``NameGlob``, ``PathGlob``) is built only for a
+    value that gets past the checks, once per process and pattern.
+    """
 
     __slots__ = ()
 
-    paths = property(itemgetter(0))  # PathGlobs | None
-    names = property(itemgetter(1))  # NameGlobs | None
-    modules = property(itemgetter(2))  # NameGlobs | None
-    commands = property(itemgetter(3))  # NameGlobs | None
-    argv = property(itemgetter(4))  # ArgvGlobs | None
+    paths = property(itemgetter(0))
+    names = property(itemgetter(2))
+    modules = property(itemgetter(4))
+    commands = property(itemgetter(6))
+    argv = property(itemgetter(8))
 
     def script(self, *paths: str) -> bool:
         for path in paths:
             if not path:
                 continue
-            if self[0] is not None and self[0].match(path):
+            if self[0] and _any_path(self[0], self[1], path):
                 return True
-            if self[1] is not None and self[1].match(os.path.basename(path)):
+            if self[2] and _any_name(self[2], self[3], os.path.basename(path)):
                 return True
         return False
 
     def module(self, name: str) -> bool:
-        return self[2] is not None and self[2].match(name)
+        return bool(self[4]) and _any_name(self[4], self[5], name)
 
     def command(self, name: str) -> bool:
-        return self[3] is not None and self[3].match(name)
+        return bool(self[6]) and _any_name(self[6], self[7], name)
 
     def arguments(self, args: Sequence[str]) -> bool:
         """The argv condition: true without one, else when any argument matches."""
-        if self[4] is None:
+        if not self[8]:
             return True
-        return any(self[4].match(a) for a in args)
+        regex = _argv_regex(self[8])
+        return any(regex.match(a) is not None for a in args)
 
 
-NO_PATTERNS = RulePatterns((None, None, None, None, None))
+NO_PATTERNS = RulePatterns(((),) * 9)
 
 
 def compile_rule(
     scripts: Sequence[str], modules: Sequence[str], commands: Sequence[str], argv: Sequence[str]
 ) -> RulePatterns:
-    """One rule's patterns as matchers; cheap: regexes are compiled only when a name needs one."""
-    paths = [p for p in scripts if "/" in p]
-    names = [p for p in scripts if "/" not in p]
+    """One rule's patterns with their checks; cheap: regexes are compiled only when a value
+    needs one."""
+    paths = tuple(
+        os.path.expanduser(p) if p.startswith("~") else p  # with the HOME the layer is cached by
+        for p in scripts
+        if "/" in p
+    )
+    names = tuple(p for p in scripts if "/" not in p)
+    modules, commands = tuple(modules), tuple(commands)
     return RulePatterns((
-        PathGlobs.of(paths) if paths else None,
-        NameGlobs.of(names) if names else None,
-        NameGlobs.of(modules) if modules else None,
-        NameGlobs.of(commands) if commands else None,
-        ArgvGlobs.of(argv) if argv else None,
-    ))
+        paths, tuple(_literals(_path_parts(p)) for p in paths),
+        names, tuple(_bounds(p) for p in names),
+        modules, tuple(_bounds(p) for p in modules),
+        commands, tuple(_bounds(p) for p in commands),
+        tuple(argv),
+    ))  # fmt: skip
 
 
 def which(patterns: Sequence[str], kind: str, value: str) -> str | None:

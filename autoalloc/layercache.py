@@ -45,9 +45,6 @@ _ALLOWED = frozenset(
         ("autoalloc.policy", "Source"),
         ("autoalloc.wrappers", "Wrapper"),
         ("autoalloc.globs", "RulePatterns"),
-        ("autoalloc.globs", "PathGlobs"),
-        ("autoalloc.globs", "NameGlobs"),
-        ("autoalloc.globs", "ArgvGlobs"),
     }
 )
 # the modules whose code decides what a validated layer holds

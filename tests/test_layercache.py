@@ -209,7 +209,7 @@ def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
     """What the cache restores is what validation built: the rules, their matchers (tuples
     holding each pattern's literal segments, prefix and suffix) and the wrappers."""
     from autoalloc import sources
-    from autoalloc.globs import NameGlobs, PathGlobs, RulePatterns, compile_rule
+    from autoalloc.globs import RulePatterns, compile_rule
     from autoalloc.policy import Rule
 
     layer = sources.load_file("builtin", sources.BUILTIN_PATH, allow_trust=False)
@@ -223,8 +223,8 @@ def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
     compiled = compile_rule(scripts, modules, (), ())
     rule = Rule("r", layer.config.source, scripts=scripts, modules=modules, compiled=compiled)
     back = layercache._loads(pickle.dumps(rule, protocol=4)).compiled
-    assert type(back.paths) is PathGlobs and back.paths[1] == (frozenset({"asr"}),)
-    assert type(back.names) is NameGlobs and back.names[1] == (("run_", ".py"),)
+    assert type(back) is RulePatterns and back == compiled and type(back[0]) is tuple
+    assert back[1] == (frozenset({"asr"}),) and back[3] == (("run_", ".py"),)
     assert back.script("/w/asr/x/train_ctc.py") and back.script("/w/run_asr.py")
     assert not back.script("/w/tts/x/train_ctc.py") and back.module("asr.train")
 
@@ -233,12 +233,12 @@ def _short(text: str) -> bytes:
     return b"\x8c" + bytes([len(text)]) + text.encode()  # SHORT_BINUNICODE
 
 
-# How an autoalloc before 2026-12-02 pickled a rule's matchers: objects rebuilt with slot state
-# (NEWOBJ of the class, then BUILD with (None, {slot: value})).
-OLD_PATH_GLOBS = (
-    b"\x80\x04" + _short("autoalloc.globs") + _short("PathGlobs") + b"\x93)\x81"
-    + b"N}" + _short("patterns") + _short("**/asr/train*.py") + b"\x85s"
-    + _short("_needs") + b"Ns" + _short("_globs") + b"Ns" + b"\x86b."
+# How an autoalloc before 2026-12-02 pickled a rule's matchers: a record rebuilt with its state
+# (NEWOBJ of the class, then BUILD with {field: value}); RulePatterns is a tuple now, without
+# such state.
+OLD_PATTERNS = (
+    b"\x80\x04" + _short("autoalloc.globs") + _short("RulePatterns") + b"\x93)\x81"
+    + b"}" + _short("paths") + b"Ns" + _short("argv") + b"Ns" + b"b."
 )  # fmt: skip
 
 
@@ -246,8 +246,8 @@ def test_an_entry_an_older_autoalloc_wrote_is_ignored(monkeypatch, tmp_path) -> 
     """The entry file is named by what it is for, so an upgrade reads the older version's
     entry before replacing it: its matchers do not restore, and the layer is read anew."""
     with pytest.raises(AttributeError):
-        layercache._loads(OLD_PATH_GLOBS)
+        layercache._loads(OLD_PATTERNS)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(layercache, "_ENABLED", [True])
-    monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATH_GLOBS)
+    monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATTERNS)
     assert layercache.get("layer", ("user", "/x/config.toml"), b"") is None

@@ -119,7 +119,7 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
     import random
     import re
 
-    from autoalloc.globs import NameGlob, NameGlobs
+    from autoalloc.globs import NameGlob, compile_rule
 
     rng, others = random.Random(seed), random.Random(seed + 100)
     alphabet = "ab.*?[]!^-"
@@ -138,20 +138,20 @@ def test_name_globs_agree_with_fnmatch(seed: int) -> None:
         # several patterns: each one's literal prefix and suffix checked before its matcher
         other = "".join(others.choice(alphabet) for _ in range(others.randint(0, 6)))
         either = expected or agrees(other, name)
-        assert NameGlobs.of([other, pattern]).match(name) is either, (other, pattern, name)
+        assert compile_rule((), (other, pattern), (), ()).module(name) is either, (other, pattern)
 
 
 def test_a_pattern_re_cannot_compile_matches_nothing() -> None:
     """fnmatch on 3.9 translates an empty range (``[z-a]``) into a regex ``re`` refuses
     (3.10+: into a class that matches nothing): on every version the pattern matches nothing,
     and the rule's other patterns and the rules after it still decide."""
-    from autoalloc.globs import ArgvGlobs, NameGlob, NameGlobs, _compiled, which
+    from autoalloc.globs import NameGlob, _compiled, compile_rule, which
 
     assert _compiled("[z-a]", 0).match("z") is None  # a regex no version compiles
     assert not NameGlob("tr[z-a]in.py").match("train.py")
-    assert NameGlobs.of(["tr[z-a]in.py", "train.py"]).match("train.py")
-    assert ArgvGlobs.of(["*[z-a]*", "*asr*"]).match("--data=asr.json")
-    assert not ArgvGlobs.of(["[z-a]"]).match("") and not ArgvGlobs.of(["[z-a]"]).match("z")
+    assert compile_rule(("tr[z-a]in.py", "train.py"), (), (), ()).script("/w/train.py")
+    assert compile_rule((), (), (), ("*[z-a]*", "*asr*")).arguments(["--data=asr.json"])
+    assert not compile_rule((), (), (), ("[z-a]",)).arguments(["", "z"])
     assert which(["x[z-a].py", "t*.py"], "scripts", "/w/train.py") == "t*.py"
     assert which(["*[z-a]*"], "argv", "--asr") is None
     found = rules(
@@ -166,16 +166,17 @@ def test_path_globs_agree_with_each_pattern() -> None:
     literal segments, and the answer is still "any of them matches"."""
     import random
 
-    from autoalloc.globs import PathGlob, PathGlobs
+    from autoalloc.globs import PathGlob, compile_rule
 
     rng = random.Random(0)
     segments = ["a", "b", "*", "**", "a*", "?", "[ab]"]
     for _ in range(2000):
-        patterns = ["/".join(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+        patterns = ["/" + "/".join(rng.choice(segments) for _ in range(rng.randint(0, 3)))
+                    + rng.choice(["/", ""]) + rng.choice(segments)
                     for _ in range(rng.randint(1, 3))]  # fmt: skip
         path = "/" + "/".join(rng.choice(["a", "b", "ab"]) for _ in range(rng.randint(1, 5)))
         expected = any(PathGlob(p).match(path) for p in patterns)
-        assert PathGlobs.of(patterns).match(path) is expected, (patterns, path)
+        assert compile_rule(patterns, (), (), ()).script(path) is expected, (patterns, path)
 
 
 def test_not_imports_and_not_imports_unless() -> None:
