@@ -393,9 +393,10 @@ P3_SCRIPT = textwrap.dedent(
     """
     import json, os, sys, time
     t0 = time.perf_counter()
-    from autoalloc import decide, entrypoint, sources
+    from autoalloc import decide, entrypoint, layercache, sources
     from autoalloc.torchinfo import TorchInfo
     t_import = time.perf_counter() - t0
+    layercache.enable()  # as the hook does: an earlier process's validated layers are used
     iterations = int(sys.argv[1])
     cwd = os.getcwd()
     torch = TorchInfo("2.13.0+cu130", cuda="13.0")
@@ -634,6 +635,8 @@ def p3(venv: Venv, work: Path, iterations: int, cold_runs: int, rules: int = 200
     deep, config_home = p3_fixture(work, rules, 30)
     env = base_env(work, config_home)
     script = write(work / "p3_decide.py", P3_SCRIPT)
+    # the first process writes the layer cache; the ones timed after it read it, as a
+    # process at `import torch` does when no policy file changed since the last one
     warm = json.loads(
         run_out(venv, [venv.python, str(script), str(iterations)], env, str(deep)).stdout
     )
