@@ -152,6 +152,24 @@ def _loads(blob: bytes) -> object:
     return _Unpickler(io.BytesIO(blob)).load()
 
 
+# The entries this process restored, by file, with the bytes they came from: a later decision
+# of the process (an import trigger, the first optimizer) reads the file again, as the first
+# did, and unpickles it only if its bytes changed. The values are validated records, which
+# nothing changes, as the layers validated in the process are shared (policy).
+_RESTORED: dict[str, tuple[bytes, object]] = {}
+
+
+def _restored(path: str, blob: bytes) -> object:
+    known = _RESTORED.get(path)
+    if known is not None and known[0] == blob:
+        return known[1]
+    stored = _loads(blob)
+    if len(_RESTORED) >= 16:  # a process reading many projects' policies: stay small
+        _RESTORED.clear()
+    _RESTORED[path] = (blob, stored)
+    return stored
+
+
 def get(kind: str, key: tuple, data: object) -> object | None:
     """The value stored for ``key`` from exactly ``data``, or None (absent, stale, unusable)."""
     try:
@@ -162,7 +180,7 @@ def get(kind: str, key: tuple, data: object) -> object | None:
         blob = _read(path)
         if blob is None:
             return None
-        stored = _loads(blob)
+        stored = _restored(path, blob)
         if not isinstance(stored, tuple) or len(stored) != 3:
             return None
         if stored[0] != full or stored[1] != data:

@@ -251,3 +251,24 @@ def test_an_entry_an_older_autoalloc_wrote_is_ignored(monkeypatch, tmp_path) -> 
     monkeypatch.setattr(layercache, "_ENABLED", [True])
     monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATTERNS)
     assert layercache.get("layer", ("user", "/x/config.toml"), b"") is None
+
+
+def test_a_later_decision_of_the_process_restores_an_unchanged_entry_once(
+    monkeypatch, tmp_path
+) -> None:
+    """A process decides again at an import trigger or its first optimizer: the entry is read
+    again and unpickled only when its bytes changed."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(layercache, "_ENABLED", [True])
+    monkeypatch.setattr(layercache, "_RESTORED", {})
+    loads = []
+    real = layercache._loads
+    monkeypatch.setattr(layercache, "_loads", lambda blob: loads.append(1) or real(blob))
+    key = ("user", str(tmp_path / "config.toml"))
+    layercache.put("layer", key, b"v1", ("found", "", 1))
+    assert layercache.get("layer", key, b"v1") == ("found", "", 1)
+    first = len(loads)
+    assert layercache.get("layer", key, b"v1") == ("found", "", 1) and len(loads) == first
+    layercache.put("layer", key, b"v2", ("found", "", 2))
+    assert layercache.get("layer", key, b"v2") == ("found", "", 2) and len(loads) > first
+    assert layercache.get("layer", key, b"v1") is None  # the bytes it was made from, still
