@@ -91,6 +91,14 @@ def count(argv: list[str], env: dict[str, str], cwd: Path, inside: str | None = 
     return int(found[-1])
 
 
+def decision_counted(instructions: int) -> int:
+    """A decision counted inside ``MARKER``, or exit: callgrind found no such symbol (a
+    stripped build) and counted nothing."""
+    if instructions < 1_000_000:
+        raise SystemExit(f"instructions.py: callgrind found no {MARKER} to count inside")
+    return instructions
+
+
 def native(argv: list[str], env: dict[str, str], cwd: Path) -> str:
     out = subprocess.run(argv, env=env, cwd=str(cwd), capture_output=True, text=True)
     if out.returncode != 0:
@@ -306,8 +314,7 @@ def case_p3(venv: wall.Venv, env: dict, work: Path, rules: int, cold: bool) -> d
         out["process"], out["process-none"] = whole
     finally:
         venv.set_hook(True)
-    if out["warm"] < 1_000_000:  # no symbol for the marker (a stripped build): nothing counted
-        raise SystemExit(f"instructions.py: callgrind found no {MARKER} to count inside")
+    decision_counted(out["warm"])
     result = {"counts": out, "rules": int(decided[2]), "decision": decided[:2], "method": MARKER}
     result["decided_as_expected"] = decided[:2] == ["apply", "user-last"]
     result["added"] = {k: out[k] for k in ("cold", "warm", "at-import-torch") if k in out}
@@ -359,8 +366,7 @@ def case_net(venv: wall.Venv, env: dict, work: Path) -> dict:
         hook_loads = json.loads(native([venv.python, str(script), "list"], env, script.parent))
     base = count([venv.python, str(script), "0", anyway], env, script.parent, MARKER)
     decided = count([venv.python, str(script), "1", anyway], env, script.parent, MARKER)
-    if decided < 1_000_000:  # no symbol for the marker (a stripped build): nothing counted
-        raise SystemExit(f"instructions.py: callgrind found no {MARKER} to count inside")
+    decision_counted(decided)
     extra = sorted(set(hook_loads) - set(torch_loads) - {"torch"})
     return {"without": base, "with": decided, "added": decided, "modules_added": extra,
             "method": MARKER}  # fmt: skip
