@@ -10,6 +10,7 @@ string goes through the runtime setter.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -18,12 +19,12 @@ from dataclasses import field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from autoalloc import allocconf, entrypoint, layercache, messages, torchinfo
+from autoalloc import allocconf, entrypoint, evidence, layercache, messages, torchinfo
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR
-from autoalloc.match import pending_triggers, watches_training
+from autoalloc.match import pending_triggers, training_names, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
 from autoalloc.records import record
@@ -42,6 +43,11 @@ class State:
     decision: Decision | None = None  # the plan's decision, once carried out
     torch_module: ModuleType | None = None  # the torch whose import autoalloc saw execute
     own: frozenset[str] = frozenset()  # modules autoalloc itself imported to decide
+    # the training rules' module names watched until the first optimizer, only to see which
+    # code imports them (evidence), and which of them the program's own code imported where
+    evidence_names: frozenset[str] = frozenset()
+    evidence_only: frozenset[str] = frozenset()  # of those, the ones no trigger rule names
+    asked: dict[str, str] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     setter_error: str | None = None
     adaptive: object = None  # the adaptive.Watch, while one watches the optimizer steps
@@ -84,8 +90,11 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
     ``imported``: ``sys.modules`` as the program left it, before autoalloc imported anything
     of its own for the decision (platformdirs, tomllib, ...): those are not the program's.
     """
+    if module.__name__ in STATE.evidence_names:
+        _note_importer(module.__name__)
     if module.__name__ != "torch" or STATE.decision is not None:
         return
+    imported = imported - evidence.stubs(sys.modules)  # never executed: not imports
     layercache.enable()  # every process that imports torch decides: reuse what the last one read
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
@@ -119,6 +128,8 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             _arm_adaptive(module, recording.sampler if recording is not None else None)
         if watcher is not None:
             watcher.names.discard("torch")
+    elif watcher is not None and module.__name__ in STATE.evidence_only:
+        watcher.names.discard(module.__name__)
     elif watcher is not None:
         _on_trigger(watcher, module.__name__)
     if watcher is not None and not watcher.names:
@@ -153,26 +164,101 @@ def _arm_training(torch: ModuleType) -> None:
         from autoalloc import training
 
         training.install(torch.optim.Optimizer, _on_optimizer)
+        _watch_evidence(policy)
+
+
+def _watch_evidence(policy: Policy) -> None:
+    """Watch the training rules' module names not imported yet, to see which code imports them."""
+    watcher = _watcher()
+    if watcher is None:
+        return
+    names = frozenset(n for n in training_names(policy.rules) if n not in sys.modules)
+    STATE.evidence_names = names
+    STATE.evidence_only = frozenset(names - watcher.names)
+    watcher.names |= names
+
+
+def _note_importer(name: str) -> None:
+    """Module ``name`` is about to execute: remember where, when the importer is the program's
+    own code (not a library importing it for its own purposes, nor importlib's machinery)."""
+    libraries, skip = _library_dirs(), _machinery_files()
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    if frame is not None and evidence.is_own_file(frame.f_code.co_filename, libraries):
+        STATE.asked.setdefault(name, f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """The interpreter's library directories: its standard library and site-packages."""
+    import site
+    import sysconfig
+
+    paths = [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib",
+                                                          "platlib")]
+    paths += getattr(site, "getsitepackages", list)()
+    paths.append(getattr(site, "getusersitepackages", str)())
+    return evidence.library_dirs(paths)
+
+
+@functools.lru_cache(maxsize=1)
+def _machinery_files() -> tuple[str, ...]:
+    """Files whose frames are the import machinery or autoalloc, never the program: what
+    imports a module is the first frame outside them."""
+    import importlib
+
+    files = ["<frozen importlib", os.path.dirname(importlib.__file__) + os.sep,
+             os.path.dirname(os.path.abspath(__file__)) + os.sep]
+    for name in ("_autoalloc_loader", "_autoalloc_startup"):
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if path:
+            files.append(path)
+    return tuple(files)
 
 
 def _on_optimizer() -> None:
-    """The process built its first optimizer: decide again with ``training`` rules in play."""
+    """The process built its first optimizer: decide again with ``training`` rules in play,
+    from what the program itself asked for (``evidence``)."""
     messages.debug("the process built its first optimizer")
-    decision = STATE.decision
+    decision, watcher = STATE.decision, _watcher()
+    if watcher is not None and STATE.evidence_only:
+        watcher.names -= STATE.evidence_only  # the training rules decide once, now
     if decision is None or decision.action != "none" or STATE.plan is None:
         return
-    imported = sys.modules.keys() - STATE.own
+    imported = _training_evidence(sys._getframe(1))
     plan = STATE.plan
     STATE.plan = _late(lambda now: plan.after_training(os.environ, imported, True, now))
     if STATE.plan.decision.action == "none":
+        if watcher is not None and not watcher.names:
+            _retire(watcher)
         return
     commit(STATE.plan.decision)
     if STATE.adaptive is not None and _segments_on(STATE.plan.decision):
         STATE.adaptive.stop()  # nothing left to notice
-    watcher = _watcher()
     if watcher is not None:  # nothing left to watch: off sys.meta_path, as after_exec does
         watcher.names.clear()
         _retire(watcher)
+
+
+def _training_evidence(frame) -> frozenset[str]:
+    """The modules the decision counts at the first optimizer: every module the program has
+    imported, except that a name a training rule uses counts only with evidence that the
+    program asked for it (``evidence``); and names of classes the program holds."""
+    modules = sys.modules
+    names = training_names(STATE.policy.rules) if STATE.policy is not None else frozenset()
+    loaded = modules.keys() - STATE.own - evidence.stubs(modules)
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    said = {**STATE.asked, **evidence.asked(modules, frames, _library_dirs(),
+                                            _machinery_files())}
+    found = evidence.supported(names, said, evidence.loaded_on_use(modules))
+    if messages.debug_enabled():
+        shown = "; ".join(f"{name}: {why}" for name, why in sorted(found.items()))
+        messages.debug(f"evidence of what the program uses: {shown or 'none'}")
+    return frozenset((loaded - names) | found.keys())
 
 
 def _late(decide: Callable[[InEffect], Plan]) -> Plan:

@@ -159,6 +159,18 @@ def watches_training(rules: Iterable[Rule]) -> bool:
     return any(rule.training for rule in rules)
 
 
+def training_names(rules: Iterable[Rule]) -> frozenset[str]:
+    """Every module name the ``training`` rules look for: what they count needs evidence that
+    the program asked for it (``autoalloc.evidence``)."""
+    return frozenset(
+        name
+        for rule in rules
+        if rule.training
+        for name in (*rule.imports, *rule.also_imports, *rule.not_imports,
+                     *rule.not_imports_unless)
+    )
+
+
 def pending_triggers(rules: Iterable[Rule], imported: Container[str]) -> set[str]:
     """Trigger modules not imported yet: the names to keep watching (a ``training`` rule's are
     looked up when the optimizer is built, not watched). ``also_imports`` are watched too: the

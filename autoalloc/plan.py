@@ -59,10 +59,14 @@ class Plan:
         self, env: Mapping[str, str], imported: Iterable[str], late: bool,
         now: InEffect | None = None,
     ) -> Plan:
-        """The plan once the process has built its first optimizer (``training = true`` rules)."""
+        """The plan once the process has built its first optimizer (``training = true`` rules).
+
+        ``imported`` replaces what the plan counted so far: what a training rule names counts
+        only with evidence of use, which the names seen at ``import torch`` lack.
+        """
         if self.policy is None:
             return self
-        seen = frozenset({*self.imported, *imported})
+        seen = frozenset({*imported, "torch"})
         decision = decide(self.policy, self.decided_for, env, self.torch, seen, late=late,
                           trains=True, now=now)
         return replace(self, decision=decision, imported=seen, trains=True)

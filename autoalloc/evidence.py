@@ -1,0 +1,213 @@
+"""What the program itself asked for: the run-time evidence of the ``training`` rules.
+
+A name in ``sys.modules`` says only that some code imported it. Libraries import audio and
+tokenizer packages for their own reasons (transformers' ``audio_utils`` and datasets' config
+import soundfile when it is installed; SpeechBrain imports torchaudio and sentencepiece at its
+own import), and lazy packages put stubs for modules whose code never ran (transformers <= 4.51
+registers one for every model package). So a module a ``training`` rule names counts only when
+
+- the program's own code asked for it: an import statement in the entry script or in one of
+  its own modules (files outside the interpreter's library directories), seen as it happened,
+  or a module, class, function or object from it that the program holds (in its own modules'
+  globals, in the frames of its own code that built the optimizer, or one level inside a dict,
+  list or namespace there: a configuration's objects, such as SpeechBrain's ``hparams``); or
+- a lazy package loaded it on use: a module whose parent is a lazy package (transformers'
+  model packages) executes only when the program touches one of its classes, directly or
+  through an auto class that a checkpoint or configuration chose.
+
+Names are module names, and for what the program holds also ``module.Qualname`` and the
+top-level package's public alias ``package.Qualname`` (``transformers.Wav2Vec2ForCTC``), so a
+rule can name a class. The functions here are pure: the hook hands them ``sys.modules``, the
+frames and the library directories.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from types import FrameType, FunctionType, ModuleType, SimpleNamespace
+
+# Bounds, so that a program with huge namespaces costs a bounded look: its first optimizer
+# waits for it.
+MAX_MODULES = 2000
+MAX_NAMES = 5000
+MAX_ITEMS = 1000
+_CONTAINERS = (dict, list, tuple, SimpleNamespace)
+
+
+def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
+    """The directories of installed code (stdlib, site-packages), each ending in a separator."""
+    out = []
+    for path in paths:
+        if path:
+            path = os.path.normpath(path)
+            out.append(path if path.endswith(os.sep) else path + os.sep)
+    return tuple(dict.fromkeys(out))
+
+
+def is_own_file(path: object, libraries: tuple[str, ...]) -> bool:
+    """Whether ``path`` is the program's own code: a real file outside every library directory
+    and outside any ``site-packages`` or ``dist-packages`` folder."""
+    if not isinstance(path, str) or not path or path.startswith("<"):
+        return False
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not path.startswith(libraries)
+
+
+def pending(module: object) -> bool:
+    """Whether ``module`` is a stub whose code has not run: ``importlib.util.LazyLoader``'s
+    module before its first attribute access."""
+    kind = type(module)
+    return kind.__name__ == "_LazyModule" and kind.__module__ == "importlib.util"
+
+
+def lazy_package(module: object) -> bool:
+    """A package that loads its submodules when one of its names is first used (transformers'
+    ``_LazyModule`` and the like)."""
+    return type(module).__name__ == "_LazyModule" and not pending(module)
+
+
+def executed(name: str, modules: Mapping[str, object]) -> bool:
+    """Whether the module ``name`` in ``modules`` is more than a stub: its code ran, and for a
+    lazy package below the top level, something was loaded from it."""
+    module = modules.get(name)
+    if module is None or pending(module):
+        return False
+    if not lazy_package(module) or "." not in name:
+        return True
+    below = name + "."
+    return any(key.startswith(below) and not lazy_package(m) for key, m in modules.items())
+
+
+def stubs(modules: Mapping[str, object]) -> set[str]:
+    """The names of ``modules`` that are stubs (``executed`` is false): not imports."""
+    odd = [name for name, m in modules.items() if type(m) is not ModuleType and m is not None]
+    return {name for name in odd if not executed(name, modules)}
+
+
+def loaded_on_use(modules: Mapping[str, object]) -> dict[str, str]:
+    """Module names (with their parent packages) a lazy package loaded because something
+    used one of its names, each with the module that shows it."""
+    out: dict[str, str] = {}
+    for name, module in list(modules.items()):
+        parent, dot, _ = name.rpartition(".")
+        if not dot or lazy_package(module) or pending(module) or module is None:
+            continue
+        if lazy_package(modules.get(parent)):
+            for prefix in prefixes(name):
+                out.setdefault(prefix, f"{name} was loaded on use")
+    return out
+
+
+def prefixes(name: str) -> Iterator[str]:
+    """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``."""
+    at = name.find(".")
+    while at != -1:
+        yield name[:at]
+        at = name.find(".", at + 1)
+    yield name
+
+
+def names_of(value: object) -> Iterator[str]:
+    """The names a held value stands for: a module's name; for a class, a function or an
+    object, its (or its type's) module, ``module.Qualname`` and ``package.Qualname``.
+
+    Types are tested with ``type()``, never ``isinstance``: that may read ``__class__``, which
+    runs a ``LazyLoader`` module's code; and a value's own attributes are never read.
+    """
+    kind = type(value)
+    if issubclass(kind, ModuleType):
+        if not pending(value):
+            name = value.__dict__.get("__name__")
+            if isinstance(name, str):
+                yield name
+        return
+    owner = value if issubclass(kind, (type, FunctionType)) else kind
+    try:
+        module, qualname = owner.__module__, owner.__qualname__
+    except Exception:  # an odd metaclass: nothing to say
+        return
+    if not isinstance(module, str) or module == "builtins":
+        return
+    yield module
+    if isinstance(qualname, str):
+        yield f"{module}.{qualname}"
+        top = module.partition(".")[0]
+        if top != module:
+            yield f"{top}.{qualname}"
+
+
+def held(namespace: Mapping[str, object]) -> Iterator[str]:
+    """The names of what ``namespace`` holds, and one level inside its containers."""
+    for count, value in enumerate(list(namespace.values())):
+        if count >= MAX_NAMES:
+            return
+        yield from names_of(value)
+        if issubclass(type(value), _CONTAINERS):
+            yield from _inside(value)
+
+
+def _inside(container: object) -> Iterator[str]:
+    if issubclass(type(container), SimpleNamespace):
+        container = vars(container)
+    try:
+        items = list(container.values() if issubclass(type(container), dict) else container)
+    except Exception:  # a container that refuses to be read: nothing to say
+        return
+    for item in items[:MAX_ITEMS]:
+        if type(item) not in (str, int, float, bool, type(None)):
+            yield from names_of(item)
+
+
+def asked(
+    modules: Mapping[str, object],
+    frames: Iterable[FrameType],
+    libraries: tuple[str, ...],
+    skip: tuple[str, ...] = (),
+) -> dict[str, str]:
+    """Names the program's own code holds, with where: its frames first (the code that built
+    the optimizer), then its own modules' globals. ``skip``: files that are not the program's
+    (autoalloc's own)."""
+    out: dict[str, str] = {}
+    for frame in frames:
+        path = frame.f_code.co_filename
+        if is_own_file(path, libraries) and not path.startswith(skip):
+            where = f"{path}:{frame.f_lineno}"
+            for name in held(frame.f_locals):
+                out.setdefault(name, where)
+    own = 0
+    for module in list(modules.values()):
+        if pending(module) or not issubclass(type(module), ModuleType):
+            continue  # reading a LazyLoader module's attributes would run its code
+        path = module.__dict__.get("__file__")
+        main = module.__dict__.get("__name__") == "__main__"
+        if isinstance(path, str) and path.startswith(skip):
+            continue
+        if not (main or is_own_file(path, libraries)):
+            continue
+        own += 1
+        if own > MAX_MODULES:
+            break
+        where = path if isinstance(path, str) else "__main__"
+        for name in held(module.__dict__):
+            out.setdefault(name, where)
+    return out
+
+
+def supported(
+    candidates: Iterable[str], said: Mapping[str, str], used: Mapping[str, str]
+) -> dict[str, str]:
+    """The candidate names with evidence, and the evidence: the program holds the name or
+    something inside it, or a lazy package loaded it on use."""
+    held_below: dict[str, str] = {}
+    for name, where in said.items():
+        for prefix in prefixes(name):
+            held_below.setdefault(prefix, f"{name} ({where})" if prefix != name else where)
+    out = {}
+    for name in candidates:
+        why = held_below.get(name) or used.get(name)
+        if why is not None:
+            out[name] = why
+    return out
