@@ -24,15 +24,23 @@ def install(optimizer_class: Any, on_first: Callable[[], None]) -> bool:
     if original is None or getattr(original, _MARK, False):
         return False
 
+    fired = []
+
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
+        if fired:
+            return
+        fired.append(True)
+        # Once is enough: later optimizers run torch's own. A library that wrapped this
+        # wrapper in turn (its own __init__ is the class attribute now) keeps its wrapper,
+        # which then calls this one, which returns at once.
         if optimizer_class.__dict__.get("__init__") is __init__:
-            optimizer_class.__init__ = original  # once is enough: later optimizers run torch's own
-            try:
-                on_first()
-            except Exception:  # the user's optimizer is built; autoalloc never breaks it
-                pass
+            optimizer_class.__init__ = original
+        try:
+            on_first()
+        except Exception:  # the user's optimizer is built; autoalloc never breaks it
+            pass
 
     setattr(__init__, _MARK, True)
     optimizer_class.__init__ = __init__

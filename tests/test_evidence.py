@@ -196,3 +196,4 @@ def test_a_librarys_lazy_loader_module_is_not_the_programs(sandbox: Sandbox) -> 
     result = sandbox.run(["own.py"], env=env)
     assert_untouched(result)
     assert "evidence of what the program uses: jiwer: " in result.stderr
+

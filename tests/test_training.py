@@ -403,3 +403,22 @@ def test_a_warning_at_the_first_optimizer_names_the_programs_line(sandbox: Sandb
     (warning,) = autoalloc_warnings(result.stderr)
     assert "keeping garbage_collection_threshold:0.6" in warning
     assert f"{train}:5: AutoallocWarning" in result.stderr, result.stderr
+
+
+def test_a_library_that_wraps_optimizer_init_after_torch_keeps_training_rules_on(
+    sandbox: Sandbox,
+) -> None:
+    """A library wraps ``torch.optim.Optimizer.__init__`` after ``import torch`` (over
+    autoalloc's wrapper): the first optimizer still decides, and the library's wrapper stays."""
+    sandbox.write("jiwer/__init__.py", "")
+    body = """
+        import functools, soundfile, jiwer, torch
+        inner = torch.optim.Optimizer.__init__
+        @functools.wraps(inner)
+        def wrapped(self, *args, **kwargs):
+            inner(self, *args, **kwargs)
+        torch.optim.Optimizer.__init__ = wrapped
+    """
+    sandbox.script("own.py", textwrap.dedent(body) + SPEECH_FINETUNE.replace(STACK_LINE, "")
+                   + "assert torch.optim.Optimizer.__init__ is wrapped\n")
+    assert_applied(sandbox.run(["own.py"]), "speech-training")
