@@ -155,7 +155,9 @@ def explain(
             text for rule in result.policy.rules for text in selfimports.messages(rule)
         ]
     if result.decision.action == "none" and result.policy is not None:
-        report["import_triggers"] = sorted(pending_triggers(result.policy.rules, result.imported))
+        pending = pending_triggers(result.policy.rules, result.imported)
+        dead = set(selfimports.never_triggers(pending))  # warned about above, never watched
+        report["import_triggers"] = sorted(pending - dead)
         if not trains and watches_training(result.policy.rules):
             report["training_rules"] = list(
                 dict.fromkeys(r.name for r in result.policy.rules if r.training)

@@ -153,7 +153,16 @@ def test_a_socket_is_refused_with_one_line(
         len(err) == 1
         and err[0].startswith("autoalloc: AUTOALLOC_REPORT=")
         and "not written" in err[0]
+        and "it is a socket" in err[0]
+        and "FIFO without a reader" not in err[0]
     )
+
+
+def test_a_list_is_named_as_a_json_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "list.json"
+    path.write_text("[1, 2]")
+    assert cli.main(["report", str(path)]) == 1
+    assert "a JSON list, not a report object" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # a job of several processes: the full run

@@ -120,7 +120,7 @@ def emit(path: str | None, line: str) -> bool:
     except OSError as exc:
         import errno
 
-        why = "nothing reads it (a FIFO without a reader)" if exc.errno == errno.ENXIO else exc
+        why = _unavailable(path) if exc.errno == errno.ENXIO else exc
         _say(f"AUTOALLOC_REPORT={shortened(path)}: not written: {why}")
         return False
     try:
@@ -420,3 +420,18 @@ def install(torch: Any | None = None) -> Recorder | None:
     os.register_at_fork(after_in_child=recorder._reset)
     RECORDER = recorder
     return recorder
+
+
+def _unavailable(path: str) -> str:
+    """Why opening ``path`` failed with ENXIO, by what it is."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "no such device or address"
+    if stat.S_ISSOCK(mode):
+        return "it is a socket (a report goes to a file, a FIFO, a terminal or '-')"
+    if stat.S_ISFIFO(mode):
+        return "nothing reads it (a FIFO without a reader)"
+    if stat.S_ISCHR(mode):
+        return "the device is not available (no terminal for /dev/tty?)"
+    return "no such device or address"

@@ -67,7 +67,7 @@ class Verdict:
 def problem(report: object) -> str | None:
     """Why a parsed JSON value is not a report the tables can show (None: it is one)."""
     if not isinstance(report, dict):
-        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+        kind = {list: "list", str: "string", bool: "boolean", type(None): "null"}
         return f"a JSON {kind.get(type(report), 'number')}, not a report object"
     schema = report.get("schema")
     if schema is not None and schema != SCHEMA:
