@@ -209,6 +209,31 @@ def serialize_value(key: str, value: object) -> str:
     return spec.check(value)
 
 
+def is_serialized(key: str, text: object) -> bool:
+    """Whether ``text`` is what ``serialize_value`` makes of some policy value for ``key``:
+    the check a validated layer restored from the layer cache gets where its options are
+    used, so that no stored text reaches torch without passing what a parsed file's value
+    passes."""
+    if not isinstance(text, str) or len(text) > 4096:
+        return False
+    candidates: list[object] = [text, text == "True"] if text in ("True", "False") else [text]
+    try:
+        candidates.append(int(text) if text.isdigit() and len(text) <= 20 else float(text))
+    except ValueError:
+        pass
+    if text.startswith("[") and text.endswith("]"):
+        table = dict(item.partition(":")[::2] for item in text[1:-1].split(","))
+        if all(v.isascii() and v.isdigit() for v in table.values()):
+            candidates.append({k: int(v) for k, v in table.items()})
+    for value in candidates:
+        try:
+            if serialize_value(key, value) == text:
+                return True
+        except ConfError:
+            pass
+    return False
+
+
 def check_options(options: Mapping[str, str] | Sequence[tuple[str, str]]) -> None:
     """Cross-key constraints on serialized options; raises ConfError.
 

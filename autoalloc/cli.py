@@ -1,5 +1,5 @@
 """The ``autoalloc`` command (``python -m autoalloc``): explain, doctor, init, check, ab, report,
-bench."""
+bench, cache."""
 
 from __future__ import annotations
 
@@ -197,16 +197,20 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
 
 
 def default_ab_out() -> str:
-    """A new directory for one ``ab`` run under the user's cache directory (platformdirs)."""
+    """A new directory for one ``ab`` run under the user's cache directory (platformdirs),
+    made as the layer cache makes its own (mode 0700 whatever the umask, in directories of
+    this user only: under ``sudo -E`` not in the user's HOME)."""
     import tempfile
     import time
 
     import platformdirs
 
+    from autoalloc import layercache
+
     try:
         base = os.path.join(platformdirs.user_cache_dir("autoalloc"), "ab")
-        os.makedirs(base, exist_ok=True)
-    except OSError:  # no writable cache directory (HOME unreachable): the temp directory
+        layercache.make_private(base)
+    except OSError:  # no cache directory of ours (HOME unreachable, another user's): /tmp
         base = tempfile.gettempdir()
     return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
 
@@ -254,6 +258,37 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     written = f" and {png}" if png else " (no PNG: matplotlib is not installed)"
     print(f"wrote {os.path.join(out, 'ab.json')}{written}")
     return 1 if any(run.failed for run in runs) else 0
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    from autoalloc import layercache
+
+    if args.clear:
+        try:
+            removed = layercache.clear()
+        except OSError as exc:
+            print(f"autoalloc cache: not cleared: {exc}", file=sys.stderr)
+            return 1
+        print(f"removed {removed} file{'' if removed == 1 else 's'}")
+        return 0
+    state = layercache.describe()
+    if args.json:
+        print(json.dumps(state, indent=2, sort_keys=True))
+        return 0 if state["used"] else 1
+    print(f"layer cache: {state['path'] or '(none)'}")
+    if not state["used"]:
+        print(f"not used: {state['reason']}")
+        return 1
+    if state["reason"]:
+        print(state["reason"])
+    temporary = f", {state['temporary']} temporary" if state["temporary"] else ""
+    print(f"{state['entries']} entries{temporary}, {state['bytes']:,} bytes")
+    return 0
+
+
+def _cache_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--clear", action="store_true", help="remove every entry")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -388,6 +423,16 @@ COMMANDS = (
         "held reports, 1 when none did or some file was skipped, 2 on a usage error.",
         options=_report_options,
         run=_cmd_report,
+    ),
+    Command(
+        name="cache",
+        help="show or clear the layer cache (validated policy files of earlier processes)",
+        description="Show where the layer cache is, how many entries and bytes it holds, or "
+        "why the hook does not use it (a directory another user owns or can write, a symbolic "
+        "link another user may change); --clear removes its entries (nothing else in the "
+        "directory: ab's results stay). Exit status 1 when it is not used or cannot be cleared.",
+        options=_cache_options,
+        run=_cmd_cache,
     ),
     Command(
         name="bench",

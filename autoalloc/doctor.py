@@ -24,7 +24,8 @@ What it reports:
   (the conflicts of docs/conflicts.md: variables, ``expandable_segments:False``,
   ``backend:cudaMallocAsync``, unparseable values, unsupported platforms);
 - the intent (the options autoalloc applied here or inherited) against what torch
-  reports, key by key.
+  reports, key by key;
+- why the layer cache is not used, when it is not (``autoalloc cache``).
 
 ``ok`` is True when that intent is what torch reports (or nothing was intended: no rule
 matched, a skip rule, ``AUTOALLOC_DISABLE``, ``-I``), False when it is not or when the
@@ -453,7 +454,7 @@ def status() -> Status:
         reports["setter_calls"] = setter
     current = env.get(read_var, "") if read_var else None
     in_effect = _in_effect(intent.options, reports, current, problems)  # 3. against torch
-    notes += _platform_notes(info)
+    notes += _platform_notes(info) + _cache_notes()
     matching_job = None  # 4. what a job a rule matches would get here
     if decision is None or decision.action not in ("apply", "inherited"):
         try:
@@ -476,6 +477,16 @@ def status() -> Status:
         warnings=list(decision.warnings) if decision is not None else [], notes=notes,
         watching=_watching(state),
     )  # fmt: skip
+
+
+def _cache_notes() -> list[str]:
+    """Why the layer cache is not used, when it is not (every process then parses anew)."""
+    from autoalloc import layercache
+
+    state = layercache.describe()
+    if state["used"] or state["path"] is None:
+        return []
+    return [f"the layer cache is not used: {state['reason']} (autoalloc cache)"]
 
 
 def _watching(state: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from dataclasses import field
 from typing import Any, Literal, get_args
 
 from autoalloc import globs
-from autoalloc.allocconf import DEFAULT_ALLOCATOR
+from autoalloc.allocconf import DEFAULT_ALLOCATOR, is_serialized
 from autoalloc.problems import PolicyError, Problem
 from autoalloc.records import record
 from autoalloc.wrappers import Wrapper
@@ -215,10 +215,15 @@ class Policy:
     adaptive: Valued = Valued("off")
 
     def options_for(self, rule: Rule) -> dict[str, Valued]:
-        """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own."""
-        options = dict(self.allocator)
+        """The allocator options an ``apply`` rule asks for: ``[allocator]`` overlaid by its own.
+
+        Each is checked again, as validation made it (``is_serialized``): a layer restored
+        from the layer cache is whatever that file held, and what is not a valid value is
+        left out here rather than handed to torch, whose parser it would break."""
+        options = {k: v for k, v in self.allocator.items() if is_serialized(k, v.value)}
         for key, value in rule.allocator.items():
-            options[key] = Valued(value, rule.source, rule.name)
+            if is_serialized(key, value):
+                options[key] = Valued(value, rule.source, rule.name)
         return options
 
 

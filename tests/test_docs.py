@@ -156,7 +156,7 @@ COMMANDS = command_lines()
 
 def test_the_docs_show_commands() -> None:
     shown = {(_autoalloc_argv(line) or [""])[0] for _, line in COMMANDS}
-    assert shown >= {"explain", "doctor", "init", "check", "ab", "report", "bench"}
+    assert shown >= {"explain", "doctor", "init", "check", "ab", "report", "bench", "cache"}
 
 
 @pytest.mark.parametrize(("where", "line"), COMMANDS, ids=[w for w, _ in COMMANDS])

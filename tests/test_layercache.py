@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import layercache
+from tests.helpers import REPO, probe_result
 
 # What a process decides from the layers, and whether it needed a TOML parser, platformdirs or
 # the validator.
@@ -272,3 +274,185 @@ def test_a_later_decision_of_the_process_restores_an_unchanged_entry_once(
     layercache.put("layer", key, b"v2", ("found", "", 2))
     assert layercache.get("layer", key, b"v2") == ("found", "", 2) and len(loads) > first
     assert layercache.get("layer", key, b"v1") is None  # the bytes it was made from, still
+
+
+# -- where it writes: only in directories of this user ------------------------------------------
+
+NOBODY = 65534
+
+
+def _as_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: files of another user")
+
+
+def _tree(path: Path) -> list[str]:
+    return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
+
+
+@pytest.mark.parametrize("setup", ["home", "home-link", "link"])
+def test_root_writes_nothing_where_another_user_has_a_say(sandbox, setup: str) -> None:
+    """Root with a user's HOME (``sudo -E``, a container run as root with the home mounted):
+    no root-owned ``~/.cache`` in that home, nothing written through a link the user made
+    (``link``: a link of the user's in root's own ``~/.cache``); the decision is unchanged."""
+    _as_root()
+    sandbox.user_policy(USER)
+    home, target = sandbox.home, sandbox.root / "root-only"
+    target.mkdir(mode=0o700)
+    if setup != "link":
+        os.chown(home, NOBODY, NOBODY)
+    if setup != "home":
+        (home / ".cache").mkdir()
+        (home / ".cache" / "autoalloc").symlink_to(target)
+        os.chown(home / ".cache", NOBODY, NOBODY) if setup == "home-link" else None
+        os.chown(home / ".cache" / "autoalloc", NOBODY, NOBODY, follow_symlinks=False)
+    before = _tree(home)
+    for _ in range(2):
+        result = decide(sandbox, env={"XDG_CACHE_HOME": None})
+        assert result["parsed"] and result["decision"][:2] == ["apply", "lab-a"]
+    assert _tree(home) == before and _tree(target) == []
+
+
+UMASK_0 = "import os; os.umask(0)\n" + DECIDE
+
+
+def test_what_it_creates_is_private_whatever_the_umask(sandbox) -> None:
+    """Under umask 000 a missing ``~/.cache`` is made 0700 (XDG), as autoalloc's own."""
+    sandbox.user_policy(USER)
+    for _ in range(2):
+        result = sandbox.run(["-c", UMASK_0, "train_lab.py"])
+        assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert not json.loads(result.stdout)["parsed"]  # the second used the first one's entry
+    for path in (sandbox.home / ".cache", sandbox.home / ".cache" / "autoalloc"):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+
+
+# -- it stays small, says what it holds, and can be cleared ----------------------------------
+
+
+@pytest.fixture
+def enabled(monkeypatch, tmp_path) -> Path:
+    """This process uses the cache, in ``tmp_path/autoalloc``."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    for name, value in (("_ENABLED", [True]), ("_RESTORED", {}), ("_CHECKED", {})):
+        monkeypatch.setattr(layercache, name, value, raising=False)
+    return tmp_path / "autoalloc"
+
+
+def test_entries_of_projects_gone_do_not_pile_up(enabled: Path) -> None:
+    """One entry per project path: 200 temporary projects leave at most the cap, the most
+    recent ones kept; a temporary file a killed writer left is removed once stale."""
+    for i in range(200):
+        layercache.put("layer", ("project", f"/tmp/p{i}/autoalloc.toml"), b"x", ("found", i))
+    left = list(enabled.glob("*.pickle"))
+    assert 0 < len(left) <= 128
+    assert layercache.get("layer", ("project", "/tmp/p199/autoalloc.toml"), b"x") == ("found", 199)
+    stale, fresh = enabled / "layer-0.pickle.123.tmp", enabled / "layer-1.pickle.124.tmp"
+    for path in (stale, fresh):
+        path.write_bytes(b"half")
+    os.utime(stale, (1, 1))
+    layercache.put("layer", ("project", "/tmp/new/autoalloc.toml"), b"x", ("found", -1))
+    assert not stale.exists() and fresh.exists()
+
+
+def test_autoalloc_cache_shows_and_clears_it(enabled: Path, capsys) -> None:
+    from autoalloc import cli
+
+    layercache.put("layer", ("user", "/u/config.toml"), b"x", ("found", 1))
+    (enabled / "ab").mkdir()  # ab's results beside it are not the cache's to clear
+    assert cli.main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert str(enabled) in out and "1 entries" in out and " bytes" in out
+    assert cli.main(["cache", "--clear"]) == 0
+    assert not list(enabled.glob("*.pickle")) and (enabled / "ab").is_dir()
+    assert layercache.describe()["entries"] == 0
+
+
+def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
+    monkeypatch, sandbox, capsys
+) -> None:
+    """Under umask 002 ``ab``'s default output made ``~/.cache/autoalloc`` group-writable,
+    which the cache then refused for good: ab makes it 0700 now, and a directory refused
+    anyway is explained by ``autoalloc cache`` and ``doctor``'s notes."""
+    from autoalloc import cli, doctor
+
+    monkeypatch.setenv("HOME", str(sandbox.home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(layercache, "_CHECKED", {}, raising=False)
+    old = os.umask(0o002)
+    try:
+        out = Path(cli.default_ab_out())
+    finally:
+        os.umask(old)
+    cache_dir = sandbox.home / ".cache" / "autoalloc"
+    assert out.parent == cache_dir / "ab"
+    for path in (cache_dir.parent, cache_dir, out.parent, out):
+        assert path.stat().st_mode & 0o777 == 0o700, path
+    assert layercache.describe()["used"]
+    cache_dir.chmod(0o775)
+    assert cli.main(["cache"]) == 1
+    assert "writable by others (mode 0775)" in capsys.readouterr().out
+    assert any("layer cache is not used" in note for note in doctor._cache_notes())
+
+
+# -- what it restores is checked where it is used --------------------------------------------
+
+
+def test_a_tampered_value_never_reaches_torch(sandbox) -> None:
+    """A well-formed entry whose rule holds a value validation refuses: torch imports, and the
+    environment holds only valid options."""
+    from dataclasses import replace
+
+    sandbox.user_policy(USER)
+    script = sandbox.script("train_lab.py")
+    env = {"XDG_CACHE_HOME": str(cache(sandbox))}
+    first = sandbox.run([str(script)], env=env)
+    assert first.returncode == 0, first.stderr
+    tampered = 0
+    for path in entries(sandbox):
+        full, data, value = layercache._loads(path.read_bytes())
+        if full[0] == "layer" and full[1] == "user":
+            rule = replace(value[2].rules[0], allocator={"expandable_segments": BAD})
+            value = (*value[:2], replace(value[2], rules=(rule,)))
+            path.write_bytes(pickle.dumps((full, data, value), protocol=4))
+            tampered += 1
+    assert tampered == 1
+    result = sandbox.run([str(script)], env=env)
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    probe = probe_result(result.stdout)
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert probe["getter"] == "expandable_segments:True"
+
+
+BAD = "True,max_split_size_mb"
+
+
+def test_is_serialized_accepts_what_validation_makes_only() -> None:
+    from autoalloc import allocconf
+
+    for key, value in [("expandable_segments", True), ("max_split_size_mb", 512),
+                       ("garbage_collection_threshold", 1e-20), ("backend", "cudaMallocAsync"),
+                       ("roundup_power2_divisions", {"64": 8, ">": 1})]:  # fmt: skip
+        assert allocconf.is_serialized(key, allocconf.serialize_value(key, value))
+    for key, text in [("expandable_segments", BAD), ("max_split_size_mb", "1_000"),
+                      ("max_split_size_mb", "99999999999999999999"), ("bogus", "1"),
+                      ("roundup_power2_divisions", "[64:8,>:1,]"), ("backend", "x,y")]:  # fmt: skip
+        assert not allocconf.is_serialized(key, text)
+
+
+# -- two environments sharing one HOME --------------------------------------------------------
+
+
+def test_two_environments_sharing_a_home_keep_an_entry_each(sandbox) -> None:
+    """Two installations of autoalloc (two venvs) alternate under one HOME: each finds its own
+    entry for the shared user config on its second run."""
+    sandbox.user_policy(USER)
+    other = sandbox.root / "other"
+    shutil.copytree(REPO / "autoalloc", other / "autoalloc",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    where = {"a": None, "b": str(other)}
+    parsed = {"a": [], "b": []}
+    for name in ("a", "b", "a", "b"):
+        result = decide(sandbox, env={"PYTHONPATH": where[name]})
+        parsed[name].append(result["parsed"])
+    assert parsed == {"a": [True, False], "b": [True, False]}
