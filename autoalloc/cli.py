@@ -58,7 +58,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     report = explain(args.command or None, imported=args.imports, trains=args.trains)
     text = render(report, verbose=args.verbose)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else text)
-    return 0
+    return 2 if report.get("prediction", {}).get("outcome") == "missing" else 0
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:

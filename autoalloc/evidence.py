@@ -17,12 +17,13 @@ registers one for every model package). So a module a ``training`` rule names co
 
 Names are module names, and for what the program holds also ``module.Qualname`` and the
 top-level package's public alias ``package.Qualname`` (``transformers.Wav2Vec2ForCTC``), so a
-rule can name a class. The functions here are pure: the hook hands them ``sys.modules``, the
-frames and the library directories.
+rule can name a class. The functions here are pure but ``installed_dirs``: the hook hands
+them ``sys.modules``, the frames and the library directories.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType, FunctionType, ModuleType, SimpleNamespace
@@ -43,6 +44,20 @@ def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
             path = os.path.normpath(path)
             out.append(path if path.endswith(os.sep) else path + os.sep)
     return tuple(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=1)
+def installed_dirs() -> tuple[str, ...]:
+    """This interpreter's library directories: its standard library and site-packages (the
+    one function here that reads the interpreter's configuration)."""
+    import site
+    import sysconfig
+
+    keys = ("stdlib", "platstdlib", "purelib", "platlib")
+    paths = [sysconfig.get_paths().get(k, "") for k in keys]
+    paths += getattr(site, "getsitepackages", list)()
+    paths.append(getattr(site, "getusersitepackages", str)())
+    return library_dirs(paths)
 
 
 def is_own_file(path: object, libraries: tuple[str, ...]) -> bool:
@@ -194,6 +209,21 @@ def asked(
         for name in held(module.__dict__):
             out.setdefault(name, where)
     return out
+
+
+def own_files(
+    modules: Mapping[str, object], libraries: tuple[str, ...], skip: tuple[str, ...] = ()
+) -> list[str]:
+    """The files of the program's own modules that have executed, ``__main__`` first."""
+    main = modules.get("__main__")
+    out = []
+    for module in (main, *modules.values()):
+        if module is None or pending(module) or not issubclass(type(module), ModuleType):
+            continue
+        path = module.__dict__.get("__file__")
+        if is_own_file(path, libraries) and not str(path).startswith(skip):
+            out.append(path)
+    return list(dict.fromkeys(out))
 
 
 def supported(

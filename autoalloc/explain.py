@@ -15,11 +15,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autoalloc import entrypoint, selfimports, torchinfo, wrappers
+from autoalloc import entrypoint, evidence, scan, selfimports, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.match import pending_triggers, watches_training
+from autoalloc.match import first_match, pending_triggers, watches_training
 from autoalloc.plan import Plan, plan
-from autoalloc.policy import Policy, Rule
+from autoalloc.policy import LayerConfig, Policy, Rule, Source, compose
 
 _RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
 _RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
@@ -163,7 +163,94 @@ def explain(
                 dict.fromkeys(r.name for r in result.policy.rules if r.training)
             )
         report["late"] = late_outlook(result, env, list(command or []))
+    prediction = predict(result, env, cwd) if command and not (imported or trains) else None
+    if prediction is not None:
+        report["prediction"] = prediction
     return report
+
+
+def predict(result: Plan, env: Mapping[str, str], cwd: str | None) -> dict[str, Any] | None:
+    """What a script's own source says it will get at run time (``scan``), for a script that
+    nothing decides at ``import torch`` and a policy with ``training`` rules; or that the
+    script does not exist. None: nothing to predict."""
+    entry = result.decided_for
+    if entry.kind != "script" or result.policy is None:
+        return None
+    if not os.path.isfile(entry.path):
+        return {"outcome": "missing", "text": f"no such script: {entry.path} (below: what a "
+                "script at that path would get)"}
+    if result.decision.action != "none" or not watches_training(result.policy.rules):
+        return None
+    found = scan.scan(entry.path, entry.args, cwd or os.getcwd(), evidence.installed_dirs())
+    out: dict[str, Any] = {
+        "evidence": found.names, "optimizer": found.optimizer, "unknown": list(found.unknown),
+        "files": len(found.files), "configs": list(found.configs), "complete": found.complete,
+    }
+    after = result.after_training(env, found.imported(), late=True)
+    rule = after.decision.rule if after.decision.action == "apply" else None
+    return out | _outcome(result, env, found, rule)
+
+
+def _outcome(
+    result: Plan, env: Mapping[str, str], found: scan.Scan, rule: str | None
+) -> dict[str, Any]:
+    """The prediction's outcome and its one-line text."""
+    unknown = "; ".join(found.unknown[:2])
+    if rule is not None:
+        why = _why(result.policy, rule, found)
+        if found.optimizer is None:
+            text = (f"depends on whether it builds an optimizer: none found in its source "
+                    f"({rule} would apply: {why})")
+            return {"outcome": "depends", "rule": rule, "text": text}
+        text = f"apply at its first optimizer ({rule}: {why}; builds {found.optimizer})"
+        return {"outcome": "apply", "rule": rule, "text": text}
+    other = _would_enable(result, env, found)
+    if other is not None:
+        kind = "trains other audio " if other == "audio-training" else ""
+        text = f'stays off: {kind}({other} would take it: enable = ["{other}"])'
+        return {"outcome": "off", "rule": None, "would_enable": other, "text": text}
+    if unknown:
+        return {"outcome": "depends", "rule": None,
+                "text": f"depends on what it imports at run time: {unknown}"}
+    if found.optimizer is None:
+        return {"outcome": "off", "rule": None, "text": "stays off: builds no optimizer"}
+    return {"outcome": "off", "rule": None, "text": "stays off: it imports nothing a training "
+            f"rule counts (builds {found.optimizer})"}
+
+
+def _why(policy: Policy | None, name: str, found: scan.Scan) -> str:
+    """``imports soundfile at own.py:1 and jiwer at own.py:3``: the names that made the rule."""
+    rule = next(r for r in (policy.rules if policy else ()) if r.name == name)
+    imported = found.imported()
+    shown = []
+    for names in (rule.imports, rule.also_imports):
+        hit = next((n for n in names if n in imported), None)
+        if hit is not None and hit not in shown:
+            shown.append(hit)
+    return "imports " + " and ".join(f"{n} at {_where(n, found)}" for n in shown)
+
+
+def _where(name: str, found: scan.Scan) -> str:
+    if name in found.names:
+        return found.names[name]
+    return next(w for n, w in found.names.items() if n.startswith(name + "."))
+
+
+def _would_enable(result: Plan, env: Mapping[str, str], found: scan.Scan) -> str | None:
+    """An off-until-enabled rule that would take the program once enabled."""
+    policy = result.policy
+    if policy is None:
+        return None
+    for key, why in policy.dropped.items():
+        name = key.partition("@")[0]
+        if not why.startswith("off until enabled"):
+            continue
+        extra = LayerConfig(Source("user", "<explain>"), enable=(name,))
+        enabled = compose([*policy.configs, extra])
+        match = first_match(enabled.rules, result.decided_for, found.imported(), trains=True)
+        if match.rule is not None and match.rule.name == name and match.rule.training:
+            return name
+    return None
 
 
 def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> list[dict[str, Any]]:
@@ -326,11 +413,19 @@ def _names(names: Sequence[str], shown: int = 6) -> str:
 
 
 def _render_decision(report: Mapping[str, Any]) -> list[str]:
+    prediction = report.get("prediction")
+    first = [f"prediction:   {prediction['text']}"] if prediction else []
+    return first + _render_today(report)
+
+
+def _render_today(report: Mapping[str, Any]) -> list[str]:
     d = report["decision"]
     if d["action"] == "disabled" and not d["rule"]:
         lines = [f"decision:     disabled ({d['reason']})"]
     elif d["action"] == "none" and report.get("late"):
         lines = _render_late(report["late"])
+        if report.get("prediction"):  # the prediction read the script: no generic example
+            lines = [line for line in lines if not line.startswith("check:")]
     else:
         rule = f"  rule {d['rule']} from {d['rule_source']}" if d["rule"] else ""
         lines = [f"decision:     {d['action']}{rule}"]

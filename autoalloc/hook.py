@@ -19,7 +19,7 @@ from dataclasses import field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from autoalloc import allocconf, entrypoint, evidence, layercache, messages, torchinfo
+from autoalloc import allocconf, entrypoint, layercache, messages, torchinfo
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
@@ -94,7 +94,10 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
         _note_importer(module.__name__)
     if module.__name__ != "torch" or STATE.decision is not None:
         return
-    imported = imported - evidence.stubs(sys.modules)  # never executed: not imports
+    if any(type(m) is not ModuleType for m in list(sys.modules.values())):
+        from autoalloc import evidence  # a lazy package's stubs never executed: not imports
+
+        imported = imported - evidence.stubs(sys.modules)
     layercache.enable()  # every process that imports torch decides: reuse what the last one read
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
@@ -181,25 +184,14 @@ def _watch_evidence(policy: Policy) -> None:
 def _note_importer(name: str) -> None:
     """Module ``name`` is about to execute: remember where, when the importer is the program's
     own code (not a library importing it for its own purposes, nor importlib's machinery)."""
-    libraries, skip = _library_dirs(), _machinery_files()
+    from autoalloc import evidence
+
+    libraries, skip = evidence.installed_dirs(), _machinery_files()
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
     if frame is not None and evidence.is_own_file(frame.f_code.co_filename, libraries):
         STATE.asked.setdefault(name, f"{frame.f_code.co_filename}:{frame.f_lineno}")
-
-
-@functools.lru_cache(maxsize=1)
-def _library_dirs() -> tuple[str, ...]:
-    """The interpreter's library directories: its standard library and site-packages."""
-    import site
-    import sysconfig
-
-    paths = [sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib", "purelib",
-                                                          "platlib")]
-    paths += getattr(site, "getsitepackages", list)()
-    paths.append(getattr(site, "getusersitepackages", str)())
-    return evidence.library_dirs(paths)
 
 
 @functools.lru_cache(maxsize=1)
@@ -245,6 +237,8 @@ def _training_evidence(frame) -> frozenset[str]:
     """The modules the decision counts at the first optimizer: every module the program has
     imported, except that a name a training rule uses counts only with evidence that the
     program asked for it (``evidence``); and names of classes the program holds."""
+    from autoalloc import evidence
+
     modules = sys.modules
     names = training_names(STATE.policy.rules) if STATE.policy is not None else frozenset()
     loaded = modules.keys() - STATE.own - evidence.stubs(modules)
@@ -252,9 +246,15 @@ def _training_evidence(frame) -> frozenset[str]:
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
-    said = {**STATE.asked, **evidence.asked(modules, frames, _library_dirs(),
+    said = {**STATE.asked, **evidence.asked(modules, frames, evidence.installed_dirs(),
                                             _machinery_files())}
     found = evidence.supported(names, said, evidence.loaded_on_use(modules))
+    before = (names & loaded) - found.keys()
+    if before:  # imported before the watcher was there: what the program's own files import
+        from autoalloc import scan
+
+        files = evidence.own_files(modules, evidence.installed_dirs(), _machinery_files())
+        found.update(scan.imports_in(files, before))
     if messages.debug_enabled():
         shown = "; ".join(f"{name}: {why}" for name, why in sorted(found.items()))
         messages.debug(f"evidence of what the program uses: {shown or 'none'}")

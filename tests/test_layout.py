@@ -22,7 +22,7 @@ LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", 
           "counters", "problems"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
-    "evidence",
+    "evidence", "scan",
 }
 APPLICATION = {"hook", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}
