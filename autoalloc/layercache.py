@@ -212,7 +212,13 @@ def make_private(path: str, env: Mapping[str, str] = os.environ) -> None:
         if os.path.isabs(base) and path.startswith(base.rstrip("/") + "/"):
             names = tuple(n for n in os.path.relpath(path, base).split("/") if n)
             if ".." not in names:
-                os.close(_walk(base, names, create=True))
+                try:
+                    os.close(_walk(base, names, create=True))
+                except FileNotFoundError:  # XDG_CACHE_HOME not made yet: made as the rest
+                    parent = os.path.dirname(base)
+                    if var != "XDG_CACHE_HOME" or parent == base:
+                        raise
+                    os.close(_walk(parent, (os.path.basename(base), *names), create=True))
                 return
     raise Refused(f"{path} is neither under XDG_CACHE_HOME nor under HOME")
 
