@@ -1,0 +1,306 @@
+"""Real libraries' own code, run for real on CPU to its first optimizer: who gets the option.
+
+Each case of ``tests/reallibs/cases/*.toml`` names an env (``tests/reallibs/envs/<env>.txt``:
+pinned requirement lines), a program directory (``tests/reallibs/programs/<dir>``: own
+scripts, library scripts copied at their release tag with their licence headers, tiny data
+generators), the command line, and what must happen: ``expect = "apply"`` (with the rule that
+applies) or ``"untouched"``. The program directory is copied into a fresh temporary directory
+outside the repository and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1``
+and friends), with ``AUTOALLOC_DEBUG=1`` (the decision trace is shown on failure).
+
+Per env, a venv under ``${AUTOALLOC_REALLIBS_VENVS:-<repo>/.venv-reallibs}/<env>`` gets
+``torch==2.13.0`` (the CPU wheel), the env's requirements from the package index and this
+checkout's autoalloc (editable, with its startup hook). It is built once and reused while the
+env file, the hook files and the checkout path are the same (a stamp file); a file lock keeps
+parallel workers from building the same venv twice. Where the package index cannot be
+reached, the case is skipped and says so; a pinned version that fails to install from a
+reachable index is a failure.
+
+torchaudio: its wheels from the index link ``libc10_cuda.so`` and fail to import on a CPU
+torch. An env that installs torchaudio has its ``torchaudio/lib/*.so`` extension files deleted
+after the install: torchaudio's loader skips absent libraries, and its pure-PyTorch transforms
+(MelSpectrogram and the like) keep working.
+
+A probe (a ``sitecustomize`` on ``PYTHONPATH``; it imports nothing of torch's itself) prints
+what torch read at exit, as ``tests.helpers.PROBE`` does, and counts optimizer steps through
+torch's global step hook: each case must have run at least one step.
+
+All cases are slow (they install libraries and train): ``scripts/test.sh --full`` runs them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, assert_applied, assert_untouched, clean_env, probe_result
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11 (scripts/pythons.sh collects this module there)
+    import tomli as tomllib
+
+REALLIBS = REPO / "tests" / "reallibs"
+ENVS = REALLIBS / "envs"
+PROGRAMS = REALLIBS / "programs"
+CASES = REALLIBS / "cases"
+VENVS = Path(os.environ.get("AUTOALLOC_REALLIBS_VENVS") or REPO / ".venv-reallibs")
+TORCH = "torch==2.13.0"
+# What the installed startup hook is made of, as scripts/test.sh keys its own venv.
+HOOK_FILES = (
+    "pyproject.toml",
+    "autoalloc.pth",
+    "autoalloc.start",
+    "autoalloc/_startup.py",
+    "autoalloc/_loader.py",
+)
+CASE_KEYS = {
+    "name", "env", "program", "argv", "expect", "rule", "setup", "env_vars", "timeout",
+    "quick", "reason",
+}
+# pip's words for a package index it could not reach (as opposed to one that said no).
+UNREACHABLE = re.compile(
+    r"NewConnectionError|Max retries exceeded|Temporary failure in name resolution"
+    r"|Name or service not known|Network is unreachable|Connection refused|ConnectTimeout"
+    r"|ReadTimeoutError|Could not fetch URL|ProxyError|SSLError"
+)
+
+# The probe: imports nothing heavy at start-up (autoalloc decides at `import torch` and at the
+# first optimizer; a probe that imported torch would change what it measures). It hooks
+# torch.optim.optimizer right after that module runs, to count steps with torch's global
+# step hook, and prints at exit what torch read (the fields of tests.helpers.PROBE).
+PROBE_SITECUSTOMIZE = textwrap.dedent(
+    """
+    import atexit as _atexit
+    import json as _json
+    import os as _os
+    import sys as _sys
+
+    _ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+    _steps = [0]
+    _optimizers = set()
+
+
+    def _on_step(optimizer, args, kwargs):
+        _steps[0] += 1
+        _optimizers.add(type(optimizer).__name__)
+
+
+    class _StepCounter:
+        # Only torch.optim.optimizer, once: run its own loader, then add the global step hook.
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch.optim.optimizer":
+                return None
+            _sys.meta_path.remove(self)
+            import importlib.util
+            spec = importlib.util.find_spec(name)
+            if spec is None or spec.loader is None:
+                return spec
+            real_exec = spec.loader.exec_module
+
+            def exec_module(module):
+                real_exec(module)
+                module.register_optimizer_step_post_hook(_on_step)
+
+            spec.loader.exec_module = exec_module
+            return spec
+
+
+    _sys.meta_path.insert(0, _StepCounter())
+
+
+    def _report():
+        report = {
+            "env": {k: _os.environ.get(k) for k in _ALLOC_VARS},
+            "applied": _os.environ.get("AUTOALLOC_APPLIED"),
+            "steps": _steps[0],
+            "optimizers": sorted(_optimizers),
+        }
+        torch = _sys.modules.get("torch")
+        if torch is not None:
+            report["getter"] = torch._C._accelerator_getAllocatorSettings()
+            report["cuda_build"] = torch.version.cuda is not None
+            if torch.version.cuda is not None:
+                s = torch.cuda.memory._snapshot()["allocator_settings"]
+                report["snapshot_expandable_segments"] = s["expandable_segments"]
+                report["snapshot_max_split_size"] = s["max_split_size"]
+        _sys.stdout.flush()
+        _sys.stdout.write("AUTOALLOC_PROBE " + _json.dumps(report) + "\\n")
+        _sys.stdout.flush()
+
+
+    _atexit.register(_report)
+    """
+)
+
+
+def load_cases() -> list:
+    """Every case of cases/*.toml, as pytest params (slow unless the case says quick)."""
+    params = []
+    for path in sorted(CASES.glob("*.toml")):
+        with path.open("rb") as f:
+            table = tomllib.load(f)
+        for case in table.get("case", []):
+            case = {**case, "group": path.stem}
+            marks = [] if case.get("quick") else [pytest.mark.slow]
+            params.append(pytest.param(case, id=f"{path.stem}-{case.get('name')}", marks=marks))
+    return params
+
+
+def test_every_case_is_well_formed() -> None:
+    """The case tables name what exists, with the keys the harness reads, and unique ids."""
+    seen = set()
+    for param in load_cases():
+        case = param.values[0]
+        assert set(case) - {"group"} <= CASE_KEYS, case
+        for key, kind in (("name", str), ("env", str), ("program", str), ("reason", str)):
+            assert isinstance(case.get(key), kind) and case[key], (key, case)
+        assert param.id not in seen, param.id
+        seen.add(param.id)
+        assert (ENVS / f"{case['env']}.txt").is_file(), case
+        assert (PROGRAMS / case["program"]).is_dir(), case
+        assert case["argv"] and all(isinstance(a, str) for a in case["argv"]), case
+        for argv in case.get("setup", []):
+            assert argv and all(isinstance(a, str) for a in argv), case
+        assert case["expect"] in ("apply", "untouched"), case
+        assert ("rule" in case) == (case["expect"] == "apply"), case
+        assert all(isinstance(v, str) for v in case.get("env_vars", {}).values()), case
+
+
+def requirements(env: str) -> list[str]:
+    lines = (ENVS / f"{env}.txt").read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def env_stamp(env: str) -> str:
+    digest = hashlib.sha256()
+    digest.update((ENVS / f"{env}.txt").read_bytes())
+    for name in HOOK_FILES:
+        digest.update(name.encode() + b"\0" + (REPO / name).read_bytes())
+    # editable: the venv's autoalloc is this checkout's
+    return f"{digest.hexdigest()} {TORCH} {REPO}"
+
+
+@contextlib.contextmanager
+def locked(path: Path):
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def pip(python: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    return subprocess.run(
+        [str(python), "-m", "pip", *args], capture_output=True, text=True, env=env,
+        timeout=timeout,
+    )
+
+
+def index_unreachable(python: Path, output: str) -> bool:
+    """Whether a failed install failed because the package index could not be reached."""
+    if UNREACHABLE.search(output):
+        return True
+    # pip may only say that nothing matched: ask the index about a package it surely has.
+    probe = pip(python, "download", "--no-deps", "--dest", str(python.parent.parent / ".probe"),
+                "--no-cache-dir", "six", timeout=300)
+    return probe.returncode != 0
+
+
+def ensure_venv(env: str) -> Path:
+    """The env's interpreter, its venv built (or reused) under the lock: or a skip."""
+    venv = VENVS / env
+    python = venv / "bin" / "python"
+    want = env_stamp(env)
+    stamp = venv / ".autoalloc-reallibs"
+    VENVS.mkdir(parents=True, exist_ok=True)
+    with locked(VENVS / f".{env}.lock"):
+        if python.exists() and stamp.exists() and stamp.read_text() == want:
+            return python
+        # A fresh venv: the packages of an older pin set must not linger.
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        reqs = requirements(env)
+        started = time.monotonic()
+        result = pip(python, "install", "--progress-bar", "off", TORCH, *reqs, "-e", str(REPO))
+        if result.returncode != 0:
+            output = result.stdout + result.stderr
+            if index_unreachable(python, output):
+                pytest.skip(f"the package index cannot be reached to build the {env} venv "
+                            f"({' '.join(reqs)})")
+            pytest.fail(f"pip could not install the {env} venv:\n{output[-6000:]}")
+        if any(re.match(r"torchaudio\b", r) for r in reqs):
+            # torchaudio's wheels link libc10_cuda.so, absent from the CPU torch: without its
+            # extension files it imports (its loader skips them) and its pure-PyTorch
+            # transforms work.
+            for lib in venv.glob("lib/python*/site-packages/torchaudio/lib/*.so"):
+                lib.unlink()
+        pth = list(venv.glob("lib/python*/site-packages/autoalloc.pth"))
+        assert pth, f"autoalloc's startup hook is not installed in {venv}"
+        (venv / ".build-seconds").write_text(f"{time.monotonic() - started:.0f}\n")
+        stamp.write_text(want)
+    return python
+
+
+def command(argv: list[str], python: Path) -> list[str]:
+    return [str(python) if i == 0 and a == "python" else a for i, a in enumerate(argv)]
+
+
+def show(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout[-8000:]}\n--- stderr\n" \
+        f"{result.stderr[-12000:]}"
+
+
+@pytest.mark.parametrize("case", load_cases())
+def test_real_library(case: dict, tmp_path: Path) -> None:
+    python = ensure_venv(case["env"])
+    work = tmp_path / "program"
+    shutil.copytree(PROGRAMS / case["program"], work)
+    env = clean_env(tmp_path)
+    env.update(
+        HF_HUB_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf-home"),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        WANDB_DISABLED="true",
+    )
+    env.update(case.get("env_vars", {}))
+    timeout = case.get("timeout", 600)
+    for argv in case.get("setup", []):
+        result = subprocess.run(command(argv, python), cwd=work, env=env, capture_output=True,
+                                text=True, timeout=timeout)
+        assert result.returncode == 0, f"setup {argv} failed: {show(result)}"
+    probe_dir = tmp_path / "probe"
+    probe_dir.mkdir()
+    (probe_dir / "sitecustomize.py").write_text(PROBE_SITECUSTOMIZE)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(probe_dir), env.get("PYTHONPATH")]))
+    env["AUTOALLOC_DEBUG"] = "1"
+    result = subprocess.run(command(case["argv"], python), cwd=work, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, show(result)
+    probe = probe_result(result.stdout)
+    assert probe.get("steps", 0) >= 1, f"no optimizer step ran: {json.dumps(probe)}\n{show(result)}"
+    try:
+        if case["expect"] == "apply":
+            assert_applied(result, case["rule"])
+        else:
+            assert_untouched(result)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nprobe: {json.dumps(probe)}\n--- stderr (the decision)\n"
+                             f"{result.stderr[-12000:]}") from None
