@@ -93,7 +93,16 @@ def executed(name: str, modules: Mapping[str, object]) -> bool:
     if not lazy_package(module) or "." not in name:
         return True
     below = name + "."
-    return any(key.startswith(below) and not lazy_package(m) for key, m in modules.items())
+    return any(
+        key.startswith(below) and not lazy_package(m) and not _metadata(key)
+        for key, m in modules.items()
+    )
+
+
+def _metadata(name: str) -> bool:
+    """A lazy package's ``configuration_*`` module: auto classes' tables read those of models
+    nobody uses (``run_clm.py``'s ``AutoModelForCausalLM`` reads Whisper's)."""
+    return name.rpartition(".")[2].startswith("configuration")
 
 
 def stubs(modules: Mapping[str, object]) -> set[str]:
@@ -107,8 +116,10 @@ def loaded_on_use(modules: Mapping[str, object]) -> dict[str, str]:
     used one of its names, each with the module that shows it."""
     out: dict[str, str] = {}
     for name, module in list(modules.items()):
-        parent, dot, _ = name.rpartition(".")
+        parent, dot, last = name.rpartition(".")
         if not dot or lazy_package(module) or pending(module) or module is None:
+            continue
+        if _metadata(name):
             continue
         if lazy_package(modules.get(parent)):
             for prefix in prefixes(name):

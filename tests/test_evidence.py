@@ -99,8 +99,10 @@ def test_a_lazy_packages_placeholders_and_what_it_loaded_on_use() -> None:
         "transformers.models.whisper": whisper,  # a placeholder: nothing of it ever ran
         "transformers.models.gpt2": gpt2,
         "transformers.models.gpt2.modeling_gpt2": types.ModuleType("m"),  # used
+        # read by an auto class's table (run_clm.py's AutoModelForCausalLM): not a use
+        "transformers.models.whisper.configuration_whisper": types.ModuleType("c"),
     }
-    assert evidence.stubs(modules) == {"transformers.models.whisper"}
+    assert evidence.stubs(modules) == {"transformers.models.whisper"}  # its configuration only
     assert evidence.executed("transformers", modules)  # a top-level package's code ran
     used = evidence.loaded_on_use(modules)
     assert {"transformers", "transformers.models.gpt2", "transformers.models.gpt2.modeling_gpt2"} <= used.keys()
