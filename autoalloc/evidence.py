@@ -116,7 +116,7 @@ def loaded_on_use(modules: Mapping[str, object]) -> dict[str, str]:
     used one of its names, each with the module that shows it."""
     out: dict[str, str] = {}
     for name, module in list(modules.items()):
-        parent, dot, last = name.rpartition(".")
+        parent, dot, _ = name.rpartition(".")
         if not dot or lazy_package(module) or pending(module) or module is None:
             continue
         if _metadata(name):
