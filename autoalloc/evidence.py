@@ -187,54 +187,88 @@ def _inside(container: object) -> Iterator[str]:
             yield from names_of(item)
 
 
+class Own:
+    """Which code is the program's own: files outside the library directories, and the
+    modules of its entry point's package wherever that is installed (``python -m
+    mypkg.train``, a console script's package); never ``skip`` (autoalloc's files)."""
+
+    __slots__ = ("libraries", "packages", "skip")
+
+    def __init__(
+        self, libraries: tuple[str, ...], skip: tuple[str, ...] = (),
+        packages: frozenset[str] = frozenset(),
+    ) -> None:
+        self.libraries, self.skip, self.packages = libraries, skip, packages
+
+    def code(self, path: object, module: object = None) -> bool:
+        """Whether the code of file ``path`` (module ``module``) is the program's own."""
+        if isinstance(path, str) and path.startswith(self.skip):
+            return False
+        if isinstance(module, str) and module.partition(".")[0] in self.packages:
+            return True
+        return is_own_file(path, self.libraries)
+
+
 def asked(
-    modules: Mapping[str, object],
-    frames: Iterable[FrameType],
-    libraries: tuple[str, ...],
-    skip: tuple[str, ...] = (),
+    modules: Mapping[str, object], frames: Iterable[FrameType], own: Own
 ) -> dict[str, str]:
     """Names the program's own code holds, with where: its frames first (the code that built
-    the optimizer), then its own modules' globals. ``skip``: files that are not the program's
-    (autoalloc's own)."""
+    the optimizer), then its own modules' globals."""
     out: dict[str, str] = {}
     for frame in frames:
         path = frame.f_code.co_filename
-        if is_own_file(path, libraries) and not path.startswith(skip):
+        if own.code(path, frame.f_globals.get("__name__")):
             where = f"{path}:{frame.f_lineno}"
             for name in held(frame.f_locals):
                 out.setdefault(name, where)
-    own = 0
-    for module in list(modules.values()):
-        if pending(module) or not issubclass(type(module), ModuleType):
-            continue  # reading a LazyLoader module's attributes would run its code
-        path = module.__dict__.get("__file__")
-        main = module.__dict__.get("__name__") == "__main__"
-        if isinstance(path, str) and path.startswith(skip):
-            continue
-        if not (main or is_own_file(path, libraries)):
-            continue
-        own += 1
-        if own > MAX_MODULES:
+    for count, module in enumerate(_own_modules(modules, own)):
+        if count >= MAX_MODULES:
             break
+        path = module.__dict__.get("__file__")
         where = path if isinstance(path, str) else "__main__"
         for name in held(module.__dict__):
             out.setdefault(name, where)
     return out
 
 
-def own_files(
-    modules: Mapping[str, object], libraries: tuple[str, ...], skip: tuple[str, ...] = ()
-) -> list[str]:
-    """The files of the program's own modules that have executed, ``__main__`` first."""
+def _own_modules(modules: Mapping[str, object], own: Own) -> Iterator[ModuleType]:
+    """The program's own modules that have executed, ``__main__`` first."""
     main = modules.get("__main__")
-    out = []
-    for module in (main, *modules.values()):
-        if module is None or pending(module) or not issubclass(type(module), ModuleType):
+    seen = set()
+    for module in (main, *list(modules.values())):
+        if module is None or id(module) in seen or pending(module):
+            continue  # reading a LazyLoader module's attributes would run its code
+        if not issubclass(type(module), ModuleType):
             continue
-        path = module.__dict__.get("__file__")
-        if is_own_file(path, libraries) and not str(path).startswith(skip):
-            out.append(path)
-    return list(dict.fromkeys(out))
+        seen.add(id(module))
+        path, name = module.__dict__.get("__file__"), module.__dict__.get("__name__")
+        if (module is main and not (isinstance(path, str) and path.startswith(own.skip))) or \
+                own.code(path, name):
+            yield module
+
+
+def own_files(modules: Mapping[str, object], own: Own) -> list[str]:
+    """The files of the program's own modules that have executed, ``__main__`` first."""
+    paths = (m.__dict__.get("__file__") for m in _own_modules(modules, own))
+    return list(dict.fromkeys(p for p in paths if isinstance(p, str)))
+
+
+def entry_packages(kind: str, target: str, main: object) -> frozenset[str]:
+    """The program's own top-level packages by its entry point: a ``-m`` module's, and for a
+    console script those of the functions its ``__main__`` holds (``from mypkg.cli import
+    main``), but the standard library's."""
+    import sys
+
+    if kind == "module":
+        return frozenset({target.partition(".")[0]})
+    if kind != "command" or not issubclass(type(main), ModuleType) or pending(main):
+        return frozenset()
+    tops = set()
+    for value in list(main.__dict__.values()):
+        if type(value) is FunctionType and isinstance(value.__module__, str):
+            tops.add(value.__module__.partition(".")[0])
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    return frozenset(t for t in tops if t not in stdlib and t not in ("__main__", "builtins"))
 
 
 def supported(

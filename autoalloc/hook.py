@@ -184,14 +184,24 @@ def _watch_evidence(policy: Policy) -> None:
 def _note_importer(name: str) -> None:
     """Module ``name`` is about to execute: remember where, when the importer is the program's
     own code (not a library importing it for its own purposes, nor importlib's machinery)."""
-    from autoalloc import evidence
 
-    libraries, skip = evidence.installed_dirs(), _machinery_files()
+    own, skip = _own_code(), _machinery_files()
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
-    if frame is not None and evidence.is_own_file(frame.f_code.co_filename, libraries):
+    if frame is not None and own.code(frame.f_code.co_filename, frame.f_globals.get("__name__")):
         STATE.asked.setdefault(name, f"{frame.f_code.co_filename}:{frame.f_lineno}")
+
+
+def _own_code():
+    """Which code is the program's (``evidence.Own``), for this process's entry point."""
+    from autoalloc import evidence
+
+    entry = STATE.entry
+    packages = frozenset()
+    if entry is not None:
+        packages = evidence.entry_packages(entry.kind, entry.target, sys.modules.get("__main__"))
+    return evidence.Own(evidence.installed_dirs(), _machinery_files(), packages)
 
 
 @functools.lru_cache(maxsize=1)
@@ -246,15 +256,14 @@ def _training_evidence(frame) -> frozenset[str]:
     while frame is not None:
         frames.append(frame)
         frame = frame.f_back
-    said = {**STATE.asked, **evidence.asked(modules, frames, evidence.installed_dirs(),
-                                            _machinery_files())}
+    own = _own_code()
+    said = {**STATE.asked, **evidence.asked(modules, frames, own)}
     found = evidence.supported(names, said, evidence.loaded_on_use(modules))
     before = (names & loaded) - found.keys()
     if before:  # imported before the watcher was there: what the program's own files import
         from autoalloc import scan
 
-        files = evidence.own_files(modules, evidence.installed_dirs(), _machinery_files())
-        found.update(scan.imports_in(files, before))
+        found.update(scan.imports_in(evidence.own_files(modules, own), before))
     if messages.debug_enabled():
         shown = "; ".join(f"{name}: {why}" for name, why in sorted(found.items()))
         messages.debug(f"evidence of what the program uses: {shown or 'none'}")

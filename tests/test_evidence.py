@@ -199,3 +199,21 @@ def test_a_librarys_lazy_loader_module_is_not_the_programs(sandbox: Sandbox) -> 
     assert_untouched(result)
     assert "evidence of what the program uses: jiwer: " in result.stderr
 
+
+
+@pytest.mark.slow  # an installed trainer run by -m; the script cases above are quick
+def test_an_installed_package_run_with_dash_m_is_the_programs_own(sandbox: Sandbox) -> None:
+    """``python -m asrtrain.main`` where asrtrain is installed (site-packages): its own imports
+    are the program's; the library it imports (textstack) is not."""
+    env = _library(sandbox, "import soundfile, jiwer\n")
+    site = sandbox.work / "lib" / "site-packages"
+    sandbox.write(site / "asrtrain" / "__init__.py", "")
+    sandbox.write(site / "asrtrain" / "main.py", "import soundfile, jiwer\n" + TRAIN)
+    sandbox.write(site / "texttrain" / "__init__.py", "")
+    sandbox.write(site / "texttrain" / "main.py", "import textstack\n" + TRAIN)
+    result = sandbox.run(["-m", "asrtrain.main"], env=env)
+    assert result.returncode == 0, result.stderr
+    assert "apply rule speech-training" in result.stderr
+    result = sandbox.run(["-m", "texttrain.main"], env=env)
+    assert result.returncode == 0, result.stderr
+    assert "evidence of what the program uses: none" in result.stderr
