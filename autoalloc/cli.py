@@ -197,22 +197,11 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
 
 
 def default_ab_out() -> str:
-    """A new directory for one ``ab`` run under the user's cache directory (platformdirs),
-    made as the layer cache makes its own (mode 0700 whatever the umask, in directories of
-    this user only: under ``sudo -E`` not in the user's HOME)."""
-    import tempfile
-    import time
+    """A new private directory for one ``ab`` run under the user's cache directory
+    (``autoalloc.ab.outdir``)."""
+    from autoalloc.ab.outdir import private_run_dir
 
-    import platformdirs
-
-    from autoalloc import layercache
-
-    try:
-        base = os.path.join(platformdirs.user_cache_dir("autoalloc"), "ab")
-        layercache.make_private(base)
-    except OSError:  # no cache directory of ours (HOME unreachable, another user's): /tmp
-        base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
+    return private_run_dir("ab")
 
 
 def _ab_usage_error(args: argparse.Namespace) -> str | None:

@@ -315,3 +315,26 @@ def test_progress_names_the_warm_up_steps_apart_from_the_measured_ones() -> None
     assert progress.where(2) == "warm-up step 2/2"
     assert progress.where(3) == "step 1/5"
     assert progress.where(7) == "step 5/5"
+
+
+def test_bench_output_goes_to_a_private_cache_directory_by_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``autoalloc bench`` writes where ``ab`` does (never into the working directory)."""
+    from autoalloc import layercache
+    from autoalloc.bench import command
+
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(layercache, "_CHECKED", {}, raising=False)
+    monkeypatch.chdir(tmp_path)
+    args = command.parser().parse_args(["--check-settings"])
+    assert args.out is None
+    out = Path(command.output_dir(args))
+    assert out.parent == tmp_path / "home" / ".cache" / "autoalloc" / "bench"
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert command.output_dir(args) == str(out)  # decided once: every file of a bench in one
+    assert not (tmp_path / "autoalloc-bench").exists()
+    given = command.parser().parse_args(["--out", str(tmp_path / "mine")])
+    assert command.output_dir(given) == str(tmp_path / "mine")
