@@ -169,8 +169,10 @@ time median and p95, device mallocs per step, retries, OOMs, peak reserved and a
 memory, the ratio on/off with its spread across repeats, and a one-line verdict. Writes
 OUT/ab.json and, with matplotlib (pip install "autoalloc[bench]"), OUT/ab.png.
 
-on:  the options the policy's deciding rule applies for CMD (see `autoalloc explain -- CMD`);
-     when no rule applies any, the policy's [allocator] defaults.
+on:  the options the policy's deciding rule applies for CMD (see `autoalloc explain -- CMD`),
+     the way your job gets them: at `import torch`, or for a program decided later (at its
+     first optimizer, at an import trigger) then, through the runtime setter; when no rule
+     applies any, the policy's [allocator] defaults.
 off: AUTOALLOC_DISABLE=1 and expandable_segments:False; the rest of the environment unchanged.
 
 An ab run is a measurement, not a training run: each run ends after warm-up + N steps
@@ -197,22 +199,11 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
 
 
 def default_ab_out() -> str:
-    """A new directory for one ``ab`` run under the user's cache directory (platformdirs),
-    made as the layer cache makes its own (mode 0700 whatever the umask, in directories of
-    this user only: under ``sudo -E`` not in the user's HOME)."""
-    import tempfile
-    import time
+    """A new private directory for one ``ab`` run under the user's cache directory
+    (``autoalloc.ab.outdir``)."""
+    from autoalloc.ab.outdir import private_run_dir
 
-    import platformdirs
-
-    from autoalloc import layercache
-
-    try:
-        base = os.path.join(platformdirs.user_cache_dir("autoalloc"), "ab")
-        layercache.make_private(base)
-    except OSError:  # no cache directory of ours (HOME unreachable, another user's): /tmp
-        base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
+    return private_run_dir("ab")
 
 
 def _ab_usage_error(args: argparse.Namespace) -> str | None:
@@ -224,11 +215,24 @@ def _ab_usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _ab_outlook(command: list[str]) -> tuple[dict, dict | None]:
+    """What the real run of ``command`` decides: ``explain``'s report at ``import torch`` and,
+    when a rule can still decide later, its report once the program has imported what its
+    source imports and built its optimizer (None: nothing to ask)."""
+    from autoalloc.ab.imports import program_imports
+    from autoalloc.explain import explain
+
+    now = explain(command)
+    if now["decision"]["action"] != "none" or not now.get("late"):
+        return now, None
+    imported = program_imports(now["entry_point"], os.getcwd())
+    return now, explain(command, imported=imported, trains=True) if imported else None
+
+
 def _cmd_ab(args: argparse.Namespace) -> int:
     from autoalloc.ab import arms as ab_arms
     from autoalloc.ab import interpreter, runner, table
     from autoalloc.ab.plot import plot
-    from autoalloc.explain import explain
 
     command = args.command
     usage = _ab_usage_error(args)
@@ -239,7 +243,8 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     if foreign is not None:
         print(f"autoalloc ab: {interpreter.advice(foreign)}", file=sys.stderr)
         return 2
-    arms = ab_arms.ab_arms(command, explain(command), os.environ)
+    now, later = _ab_outlook(command)
+    arms = ab_arms.ab_arms(command, now, os.environ, later)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
     out = args.out or default_ab_out()

@@ -51,6 +51,7 @@ class State:
     errors: list[str] = field(default_factory=list)
     setter_error: str | None = None
     adaptive: object = None  # the adaptive.Watch, while one watches the optimizer steps
+    recording: object = None  # the AUTOALLOC_REPORT recorder, told of each decision (commit)
 
     @property
     def trains(self) -> bool:
@@ -126,7 +127,7 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             if os.environ.get(REPORT_VAR):  # the measurement half, only when asked for
                 from autoalloc.ab import recorder
 
-                recording = recorder.install(module)
+                STATE.recording = recording = recorder.install(module, STATE.decision)
             _arm_training(module)
             _arm_adaptive(module, recording.sampler if recording is not None else None)
         if watcher is not None:
@@ -154,7 +155,7 @@ def _on_trigger(watcher, name: str) -> None:
     if new.decision.action == "none":
         return
     STATE.plan = new
-    commit(new.decision)
+    commit(new.decision, f"import of {name}")
     watcher.names.clear()
 
 
@@ -235,7 +236,7 @@ def _on_optimizer() -> None:
         if watcher is not None and not watcher.names:
             _retire(watcher)
         return
-    commit(STATE.plan.decision)
+    commit(STATE.plan.decision, "first optimizer")
     if STATE.adaptive is not None and _segments_on(STATE.plan.decision):
         STATE.adaptive.stop()  # nothing left to notice
     if watcher is not None:  # nothing left to watch: off sys.meta_path, as after_exec does
@@ -332,7 +333,7 @@ def _on_finding(finding) -> None:
             return replace(plan, decision=replace(new, reason=reason))
 
         STATE.plan = _late(decide)
-        commit(STATE.plan.decision)
+        commit(STATE.plan.decision, "adaptive")
         off = _still_off(STATE.plan.decision)
         if off is not None:  # the program's refusal, a backend that ignores it, torch's error
             messages.debug(f"adaptive = apply: expandable_segments stays off: {off}")
@@ -370,8 +371,11 @@ def _torch_frames() -> tuple[str, ...]:
     return guards.skipped_frames()
 
 
-def commit(decision: Decision) -> None:
-    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace."""
+def commit(decision: Decision, when: str = "import torch") -> None:
+    """Carry out a decision: environment writes, the runtime setter, warnings, the debug trace.
+
+    ``when``: at what point of the run (the report's recorder, if any, is told).
+    """
     STATE.decision = decision
     for name, value in decision.writes.items():
         os.environ[name] = value
@@ -379,6 +383,9 @@ def commit(decision: Decision) -> None:
         os.environ.pop(name, None)
     if decision.setter_value is not None:
         STATE.setter_error = _call_setter(decision.setter_value, decision.rule)
+    if STATE.recording is not None:
+        error = STATE.setter_error if decision.setter_value is not None else None
+        STATE.recording.decided(decision, when, error)
     said = list(decision.warnings)
     if STATE.setter_error:
         said.append(

@@ -107,6 +107,46 @@ def test_ab_on_arm_uses_the_deciding_rule(tmp_path: Path) -> None:
     assert off["reports"][0]["allocator_settings"]["expandable_segments"] is False
 
 
+# A fine-tuning script no rule names: an audio stack (soundfile, in the test venv) and a
+# text-target library (jiwer: an empty stand-in beside the script), then an optimizer.
+OWN_FINETUNE = """\
+import soundfile, jiwer
+import torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for _ in range(1000):
+    opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
+"""
+
+
+def test_ab_on_arm_gets_the_option_at_the_first_optimizer_as_the_job_does(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "jiwer").mkdir()
+    (tmp_path / "jiwer" / "__init__.py").write_text("")
+    script = tmp_path / "own_finetune.py"
+    script.write_text(OWN_FINETUNE)
+    result, data = ab(tmp_path, ["--steps", "2", "--repeat", "1"], [PY, str(script)])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "no rule matches" not in result.stderr
+    on_line = next(x for x in result.stderr.splitlines() if x.startswith("on: "))
+    assert "rule speech-training" in on_line, on_line
+    assert "at its first optimizer, through the runtime setter" in on_line, on_line
+    # nothing forced: the hook runs as in the job (no AUTOALLOC_DISABLE, no allocator variable)
+    on_arm = data["arms"]["on"]
+    assert on_arm["env"] == {"AUTOALLOC_DISABLE": None} and on_arm["late"] is True
+    [on], [off] = data["runs_by_arm"]["on"], data["runs_by_arm"]["off"]
+    decision = on["reports"][0]["decision"]
+    assert decision["action"] == "apply" and decision["rule"] == "speech-training"
+    assert decision["when"] == "first optimizer" and decision["how"] == "runtime setter"
+    assert decision["at_step"] == 0
+    assert on["reports"][0]["allocator_settings"]["expandable_segments"] is True
+    assert off["reports"][0]["allocator_settings"]["expandable_segments"] is False
+    confirmed = "on run 1: autoalloc applied rule speech-training at its first optimizer"
+    assert confirmed in result.stdout
+
+
 @pytest.mark.slow  # a multi-process end-to-end run: the full run
 def test_ab_failing_arm_is_shown_with_the_other(tmp_path: Path) -> None:
     result, data = ab(
@@ -315,3 +355,51 @@ def test_progress_names_the_warm_up_steps_apart_from_the_measured_ones() -> None
     assert progress.where(2) == "warm-up step 2/2"
     assert progress.where(3) == "step 1/5"
     assert progress.where(7) == "step 5/5"
+
+
+def test_bench_output_goes_to_a_private_cache_directory_by_default(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``autoalloc bench`` writes where ``ab`` does (never into the working directory)."""
+    from autoalloc import layercache
+    from autoalloc.bench import command
+
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setattr(layercache, "_CHECKED", {}, raising=False)
+    monkeypatch.chdir(tmp_path)
+    args = command.parser().parse_args(["--check-settings"])
+    assert args.out is None
+    out = Path(command.output_dir(args))
+    assert out.parent == tmp_path / "home" / ".cache" / "autoalloc" / "bench"
+    assert out.stat().st_mode & 0o777 == 0o700
+    assert command.output_dir(args) == str(out)  # decided once: every file of a bench in one
+    assert not (tmp_path / "autoalloc-bench").exists()
+    given = command.parser().parse_args(["--out", str(tmp_path / "mine")])
+    assert command.output_dir(given) == str(tmp_path / "mine")
+
+
+def test_late_arm_leaves_the_hook_to_decide_and_notes_what_each_run_did() -> None:
+    from autoalloc.ab.runner import hook_notes
+
+    later = explained("apply", "speech-training")
+    later["rules"] = [{"name": "speech-training", "training": True}]
+    on, off = arms.ab_arms(["python", "t.py"], explained("none"), {}, later)
+    assert on.env == {"AUTOALLOC_DISABLE": None} and on.late and on.hooked and on.intent is True
+    assert "rule speech-training" in on.how and "at its first optimizer" in on.how
+    assert "no rule matches" not in on.how and off.intent is False
+    applied = {
+        "action": "apply",
+        "rule": "speech-training",
+        "when": "first optimizer",
+        "how": "runtime setter",
+        "at_step": 0,
+    }
+    assert hook_notes(on, "on run 1", {"reports": [{"decision": applied}]}) == [
+        "on run 1: autoalloc applied rule speech-training at its first optimizer, through the "
+        "runtime setter, before any optimizer step"
+    ]
+    missed = {"action": "none", "reason": "no rule matches"}
+    [note] = hook_notes(on, "on run 1", {"reports": [{"decision": missed}]})
+    assert "did not apply the options in this run after all (none: no rule matches)" in note

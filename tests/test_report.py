@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc.ab import recorder, table
+from autoalloc.ab import recorder, reports, table
 from tests.helpers import PY, REPO, clean_env
 
 TINY = str(REPO / "tests" / "tiny_train.py")
@@ -248,3 +248,98 @@ def test_default_sigint_handler_left_and_a_composed_sigterm_handler_decides(
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["True", "ALIVE"]
     assert json.loads(out.read_text())["ended_by"] == "SIGTERM"  # still written on the signal
+
+
+SIGNAL_KEEPS_TRAINING = """\
+import os, signal
+caught = []
+signal.signal(signal.SIGTERM, lambda s, f: caught.append(s))  # before torch: chained to
+import torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(1, 51):
+    opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
+    if step == 10:
+        os.kill(os.getpid(), signal.SIGTERM)  # a preemption notice the program survives
+print("CAUGHT", len(caught))
+"""
+
+
+def test_a_program_that_survives_sigterm_gets_its_whole_run_reported(tmp_path: Path) -> None:
+    # the rule matches the script at `import torch`: the report says the environment did it
+    (tmp_path / "autoalloc.toml").write_text(
+        '[[rules]]\nname = "sig-asr"\nscripts = ["train_sig.py"]\naction = "apply"\n'
+    )
+    (tmp_path / "train_sig.py").write_text(SIGNAL_KEEPS_TRAINING)
+    out = tmp_path / "r.json"
+    result = run(["train_sig.py"], tmp_path, AUTOALLOC_REPORT=str(out))
+    assert result.returncode == 0, result.stderr
+    assert "CAUGHT 1" in result.stdout
+    interim, final = (json.loads(line) for line in out.read_text().splitlines())
+    assert interim["ended_by"] == "SIGTERM" and interim["steps"] == 10  # kept, as an interim
+    assert final["ended_by"] == "exit" and final["steps"] == 50
+    assert final["signals"] == [{"signal": "SIGTERM", "at_step": 10}]
+    [shown] = reports.read_file(str(out)).reports  # the reader keeps the last: the whole run
+    assert shown["steps"] == 50
+    decision = shown["decision"]
+    assert decision["action"] == "apply" and decision["rule"] == "sig-asr"
+    assert decision["when"] == "import torch" and decision["how"] == "environment"
+    assert decision["at_step"] == 0
+    text = table.render_reports([shown])
+    assert "apply sig-asr (environment, before torch started)" in text
+
+
+def report_row(**fields: object) -> dict:
+    return {
+        "schema": recorder.SCHEMA,
+        "pid": 7,
+        "steps": 3,
+        "step_ends_s": [0.1, 0.2, 0.3],
+        **fields,
+    }
+
+
+def test_report_table_shows_local_ranks_and_marks_cut_names() -> None:
+    long_name = "autoalloc-report-a-very-long-host-name-in-a-cluster-12345-rank1.json"
+    rows = table.render_reports(
+        [
+            report_row(rank={"LOCAL_RANK": 1, "WORLD_SIZE": 2}, file="/r/short.json"),  # Lightning
+            report_row(rank={"RANK": 1, "LOCAL_RANK": 1}, file="/r/" + long_name),
+        ]
+    ).splitlines()[2:4]
+    assert rows[0].split()[:2] == ["short.json", "local"] and rows[0].split()[2] == "1"
+    cut = rows[1][:34].rstrip()
+    assert cut.startswith("…") and long_name.endswith(cut[1:]) and len(cut) <= 33
+    assert rows[1][34:42].strip() == "1"
+
+
+def test_the_recorder_learns_each_decision_from_the_hook() -> None:
+    from types import SimpleNamespace
+
+    def decision(action: str, via: str, rule: str | None = None) -> SimpleNamespace:
+        return SimpleNamespace(
+            action=action,
+            rule=rule,
+            rule_source="builtin",
+            reason="",
+            read_var="PYTORCH_CUDA_ALLOC_CONF",
+            value="expandable_segments:True",
+            via=via,
+            applied=dict,
+        )
+
+    rec = recorder.Recorder(SimpleNamespace(), "-", warmup=0, stop_after=None)
+    rec.decided(decision("none", ""), "import torch")
+    rec.steps = 4
+    rec.decided(decision("apply", "setter", "nemo-asr-import"), "import of nemo.collections.asr")
+    info = recorder.decision_info(rec)
+    assert info["action"] == "apply" and info["rule"] == "nemo-asr-import"
+    assert info["when"] == "import of nemo.collections.asr" and info["how"] == "runtime setter"
+    assert info["at_step"] == 4
+    assert [d["action"] for d in info["history"]] == ["none", "apply"]
+    line = table.applied_text(info)
+    assert line == (
+        "rule nemo-asr-import at its import of nemo.collections.asr, through the "
+        "runtime setter, after 4 optimizer steps"
+    )

@@ -9,6 +9,10 @@ what it measures. On CUDA, after the warm-up, it reads ``torch.cuda.memory_stats
 step boundary and keeps the deltas of the allocator counters; the time these reads take is
 measured and written into the report (``recorder``).
 
+The hook hands it each decision it carries out (``Recorder.decided``): the report says which
+rule decided, when (at ``import torch``, at the first optimizer, at an import trigger) and how
+(the environment before torch started, or torch's runtime setter), at which optimizer step.
+
 At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes the
 report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one file
 each add their line, under a lock), into a directory (one file per process), or to stderr
@@ -16,6 +20,8 @@ each add their line, under a lock), into a directory (one file per process), or 
 a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a stream, and
 anything else is refused with one line on stderr.
 DataLoader workers and the torchrun launcher never step an optimizer and write nothing.
+A program that survives the signal and steps on gets a final report at exit as well, with
+every step: readers keep a process's last report.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
 steps: the report is written and the process exits with status 0. Every rank of a torchrun
@@ -195,13 +201,18 @@ def _snapshot_is_cheap(torch: Any) -> bool:
         return False
 
 
-def decision_info() -> dict[str, Any]:
-    """What autoalloc decided in this process (from the hook's state), and its environment mark."""
-    hook = sys.modules.get("autoalloc.hook")
-    decision = getattr(getattr(hook, "STATE", None), "decision", None)
-    out: dict[str, Any] = {APPLIED_VAR: os.environ.get(APPLIED_VAR)}
-    if decision is None:
-        return out
+HOW = {"env": "environment", "setter": "runtime setter"}
+HISTORY_KEYS = ("action", "rule", "when", "how", "at_step")
+
+
+def decision_record(
+    decision: Any, when: str, step: int, error: str | None = None
+) -> dict[str, Any]:
+    """One decision the hook carried out, as the report keeps it: what it decided (rule,
+    policy file, value), ``when`` (``import torch``, ``first optimizer``, ``import of M``,
+    ``adaptive``), ``how`` it reached torch (``environment``, ``runtime setter``; None: nothing
+    was written) and ``at_step``, the optimizer steps counted by then."""
+    out: dict[str, Any] = {}
     for key, attr in (
         ("action", "action"),
         ("rule", "rule"),
@@ -215,6 +226,23 @@ def decision_info() -> dict[str, Any]:
         out["applied"] = dict(decision.applied())
     except Exception:
         out["applied"] = None
+    out.update(when=when, how=HOW.get(getattr(decision, "via", "") or ""), at_step=step)
+    if error:
+        out["setter_error"] = error
+    return out
+
+
+def decision_info(recorder: Recorder | None = None) -> dict[str, Any]:
+    """What autoalloc decided in this process, as its hook handed it over (``Recorder.decided``):
+    the last decision with when and how it was carried out, the earlier ones in ``history``,
+    and the environment mark. ``recorder``: this process's by default."""
+    recorder = recorder if recorder is not None else RECORDER
+    out: dict[str, Any] = {APPLIED_VAR: os.environ.get(APPLIED_VAR)}
+    decisions = recorder.decisions if recorder is not None else []
+    if decisions:
+        out.update(decisions[-1])
+    if len(decisions) > 1:
+        out["history"] = [{k: d.get(k) for k in HISTORY_KEYS} for d in decisions]
     return out
 
 
@@ -228,6 +256,8 @@ class Recorder:
         self.stop_total = None if stop_after is None else warmup + stop_after
         self.progress = os.environ.get(PROGRESS_VAR)
         self.sampler = StepSampler(start=warmup)  # the CUDA counters per step (adaptive's too)
+        # the hook's decisions (``decided``); a forked child keeps them: it inherits their effect
+        self.decisions: list[dict[str, Any]] = []
         self._reset()
         self.handle: Any = None
         self.handlers: dict[int, Any] = {}  # signal number -> the handler _chain_signal set
@@ -243,11 +273,19 @@ class Recorder:
         self.sample_s = 0.0
         self.samples = 0
         self.ending: Ending | None = None
+        self.signals: list[dict[str, Any]] = []  # each SIGTERM/SIGINT report: signal, at_step
         self.last_progress = 0.0
         # A signal that comes while this process writes its report waits for the write to end:
         # the handler's own write would wait forever for the flock the interrupted one holds.
         self.writing = False
         self.deferred: tuple[Any, int, Any] | None = None
+
+    # ------------------------------------------------------------------ the hook's word
+
+    def decided(self, decision: Any, when: str, error: str | None = None) -> None:
+        """The hook carried out ``decision`` ``when`` (``import torch``, ``first optimizer``,
+        ``import of M``, ``adaptive``); ``error``: torch's refusal of the setter call."""
+        self.decisions.append(decision_record(decision, when, self.steps, error))
 
     # ------------------------------------------------------------------ per step
 
@@ -320,12 +358,13 @@ class Recorder:
             "device_name": torch.cuda.get_device_name() if cuda else "cpu",
             "started": self.started,
             "ended_by": self.ending or "exit",
+            "signals": list(self.signals),
             "warmup": self.warmup,
             "stop_after": None if self.stop_total is None else self.stop_total - self.warmup,
             "steps": self.steps,
             "step_ends_s": [round(t, 6) for t in self.ends],
             "cuda_steps": self.sampler.records,
-            "decision": decision_info(),
+            "decision": decision_info(self),
             "allocator_settings": allocator_settings(torch),
             "recorder": {
                 "hook_s": round(self.hook_s, 6),
@@ -341,12 +380,19 @@ class Recorder:
         return out
 
     def write(self, ending: Ending = "exit") -> None:
-        """Write the report (again, with the latest figures, if it was written before)."""
-        if os.getpid() != self.pid or (self.ending is not None and ending == "exit"):
+        """Write the report (again, with the latest figures, if it was written before).
+
+        At exit after a signal's report, only when the program survived the signal and
+        stepped on (a preemption notice it handles): that final report, with every step and
+        the signals in ``signals``, follows the interim one, and readers keep the last.
+        """
+        if os.getpid() != self.pid or not self._due(ending):
             return
         if ending == "exit" and isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
             ending = "SIGINT"  # at exit after an uncaught KeyboardInterrupt: Ctrl-C ended it
         self.ending = ending
+        if ending in ("SIGTERM", "SIGINT"):
+            self.signals.append({"signal": ending, "at_step": self.steps})
         if self.skip_writing():
             return
         self.writing = True
@@ -360,6 +406,15 @@ class Recorder:
         deferred, self.deferred = self.deferred, None
         if deferred is not None:
             self.on_signal(*deferred)  # the signal that came while writing, handled now
+
+    def _due(self, ending: Ending) -> bool:
+        """Whether a report is to be written: always on a signal or a stop; at exit unless one
+        was written already (a stop's, or a signal's with no step after it)."""
+        if ending != "exit" or self.ending is None:
+            return True
+        if self.ending == "stop" or not self.signals:
+            return False
+        return self.steps > self.signals[-1]["at_step"]
 
     # ------------------------------------------------------------------ signals
 
@@ -396,8 +451,12 @@ def _chain_signal(recorder: Recorder, signum: int) -> None:
 RECORDER: Recorder | None = None
 
 
-def install(torch: Any | None = None) -> Recorder | None:
-    """Start recording in this process (idempotent); None when ``AUTOALLOC_REPORT`` is unset."""
+def install(torch: Any | None = None, decision: Any = None) -> Recorder | None:
+    """Start recording in this process (idempotent); None when ``AUTOALLOC_REPORT`` is unset.
+
+    ``decision``: what the hook decided at ``import torch`` (later ones come through
+    ``Recorder.decided``).
+    """
     global RECORDER
     target = os.environ.get(REPORT_VAR)
     if not target:
@@ -418,6 +477,8 @@ def install(torch: Any | None = None) -> Recorder | None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         _chain_signal(recorder, signum)
     os.register_at_fork(after_in_child=recorder._reset)
+    if decision is not None:
+        recorder.decided(decision, "import torch")
     RECORDER = recorder
     return recorder
 

@@ -35,6 +35,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "step_ends_s": (list,),
     "cuda_steps": (list,),
     "rank": (dict,),
+    "signals": (list,),
     "decision": (dict,),
     "allocator_settings": (dict,),
     "cuda": (bool,),

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from autoalloc.ab.arms import Arm, interleave
-from autoalloc.ab.table import run_figures
+from autoalloc.ab.table import applied_text, primary, run_figures
 from autoalloc.envvars import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
 
 TERM_GRACE_S = 15.0
@@ -259,6 +259,23 @@ def result(
     }
 
 
+def hook_notes(arm: Arm, tag: str, run: Mapping[str, Any]) -> list[str]:
+    """What autoalloc's hook did in a run of an arm that leaves the options to it, from the
+    run's report: when and how it applied them (for a late decision, always said), or that
+    it did not after all."""
+    report = primary(run["reports"])
+    if report is None:
+        return []
+    decision = report.get("decision") or {}
+    if decision.get("action") == "apply":
+        return [f"{tag}: autoalloc applied {applied_text(decision)}"] if arm.late else []
+    why = decision.get("reason") or "no decision reached the report"
+    return [
+        f"{tag}: autoalloc did not apply the options in this run after all "
+        f"({decision.get('action') or 'no decision'}: {why}); this run measured without them"
+    ]
+
+
 def run_notes(
     arms: Sequence[Arm], plan: Plan, by_arm: Mapping[str, list[dict[str, Any]]]
 ) -> list[str]:
@@ -271,9 +288,12 @@ def run_notes(
             "the Python that runs the trainer, and use that environment's `autoalloc ab`)"
         )
     intents = {arm.name: arm.intent for arm in arms}
+    hooked = {arm.name: arm for arm in arms if arm.hooked}
     for name, runs in by_arm.items():
         for run in runs:
             fig, tag = run["figures"], f"{name} run {run['repeat']}"
+            if name in hooked:
+                notes.extend(hook_notes(hooked[name], tag, run))
             if fig["failed"]:
                 tail = "\n    ".join(run["stderr_tail"][-6:])
                 notes.append(

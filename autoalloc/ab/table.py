@@ -264,30 +264,92 @@ def differing_ranks(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     ]
 
 
+NAME_WIDTH = 33  # the report column: longer names keep their end, after a marker
+
+
+def cut_left(text: str, width: int = NAME_WIDTH) -> str:
+    """``text`` in ``width`` characters: a longer one loses its beginning, marked ``…``."""
+    return text if len(text) <= width else "…" + text[-(width - 1) :]
+
+
+def rank_cell(report: Mapping[str, Any]) -> str:
+    """The rank column: the global rank; a process with only ``LOCAL_RANK`` (Lightning's
+    re-launched DDP ranks, before the process group sets ``RANK``) as ``local N``."""
+    rank = report_rank(report)
+    if rank is not None:
+        return str(rank)
+    local = (report.get("rank") or {}).get("LOCAL_RANK")
+    return f"local {local}" if isinstance(local, int) else "-"
+
+
+def _at(when: str) -> str:
+    if when == "import torch":
+        return "at `import torch`"
+    if when == "adaptive":
+        return "when adaptive saw the re-allocations"
+    return f"at its {when}"  # its first optimizer; its import of M
+
+
+def applied_text(decision: Mapping[str, Any]) -> str:
+    """When and how a report's decision reached torch, as a sentence's end: ``rule R at its
+    first optimizer, through the runtime setter, before any optimizer step``."""
+    rule = f"rule {decision.get('rule')}" if decision.get("rule") else "autoalloc"
+    when, how = str(decision.get("when") or "import torch"), decision.get("how")
+    if how == "environment":
+        way = "in the environment, before torch started"
+    elif how == "runtime setter":
+        way = "through the runtime setter"
+        if decision.get("setter_error"):
+            way += f" (torch rejected it: {decision['setter_error']})"
+    else:
+        way = "with nothing written"
+    step = decision.get("at_step")
+    if how != "runtime setter" or not isinstance(step, int):
+        return f"{rule} {_at(when)}, {way}"
+    steps = (
+        "before any optimizer step"
+        if step == 0
+        else (f"after {step} optimizer step{'' if step == 1 else 's'}")
+    )
+    return f"{rule} {_at(when)}, {way}, {steps}"
+
+
+def _decision_cell(decision: Mapping[str, Any]) -> str:
+    """The decision column: action and rule, and for an apply how it reached torch."""
+    what = str(decision.get("action") or "-")
+    if decision.get("rule"):
+        what += f" {decision['rule']}"
+    if decision.get("action") != "apply":
+        return what
+    if decision.get("how") == "environment":
+        return f"{what} (environment, before torch started)"
+    if decision.get("how") == "runtime setter":
+        step = decision.get("at_step")
+        return f"{what} (runtime setter at {decision.get('when')}, step {step})"
+    return what
+
+
 def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
     """``autoalloc report``: one row per process report."""
     head = (
-        f"{'report':<34}{'rank':>5}{'steps':>7}{'steps/s':>9}{'med ms':>8}{'p95 ms':>8}"
+        f"{'report':<34}{'rank':>8}{'steps':>7}{'steps/s':>9}{'med ms':>8}{'p95 ms':>8}"
         f"{'mallocs':>8}{'retries':>8}{'OOMs':>5}{'resv GiB':>9}{'alloc GiB':>10}  ES     decision"
     )
     lines = [head, "-" * len(head)]
     for report in reports:
         fig = figures(report)
-        decision = report.get("decision") or {}
-        what = str(decision.get("action") or "-")
-        if decision.get("rule"):
-            what += f" {decision['rule']}"
-        name = os.path.basename(str(report.get("file", report.get("pid", "?"))))[-33:]
+        name = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
         lines.append(
-            f"{name:<34}{_or(report_rank(report), '-')!s:>5}{fig['steps']:>7}"
+            f"{name:<34}{rank_cell(report):>8}{fig['steps']:>7}"
             f"{_cell(fig['steps_per_s'], '.2f'):>9}{_cell(fig['step_ms_median'], '.1f'):>8}"
             f"{_cell(fig['step_ms_p95'], '.1f'):>8}{_cell(fig.get('mallocs_per_step'), '.2f'):>8}"
             f"{_cell(fig.get('retries'), 'd'):>8}{_cell(fig.get('ooms'), 'd'):>5}"
             f"{_cell(fig.get('peak_reserved_gib'), '.2f'):>9}"
             f"{_cell(fig.get('peak_allocated_gib'), '.2f'):>10}"
-            f"  {fig['expandable_segments']!s:<6} {what}"
+            f"  {fig['expandable_segments']!s:<6} {_decision_cell(report.get('decision') or {})}"
         )
     lines += differing_ranks(reports)
+    lines += _signal_lines(reports)
     devices = sorted({str(r.get("device_name")) for r in reports})
     lines.append(
         f"device: {', '.join(devices)}; step time: wall time from the previous optimizer step's end"
@@ -299,3 +361,15 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
             "CUDA allocator counters; these processes did not use CUDA, so they show -"
         )
     return "\n".join(lines)
+
+
+def _signal_lines(reports: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One line per process that survived a signal and went on (its report covers it all)."""
+    out = []
+    for report in reports:
+        caught = [s for s in report.get("signals") or () if isinstance(s, dict)]
+        if caught and report.get("ended_by") == "exit":
+            got = ", ".join(f"{s.get('signal')} at step {s.get('at_step')}" for s in caught)
+            who = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
+            out.append(f"{who}: went on after {got}; its report covers the whole run")
+    return out

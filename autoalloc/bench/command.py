@@ -135,7 +135,9 @@ def declare(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cap-gb", type=float, help="memory cap in GiB instead of calibrating it")
     p.add_argument("--no-cap", action="store_true", help="no memory cap (no pressure)")
     p.add_argument(
-        "--out", default="autoalloc-bench", help="working directory (runs, logs, results)"
+        "--out",
+        help="working directory (runs, logs, results; default: a new directory under the user "
+        "cache directory, named on stderr; never inside your project)",
     )
     p.add_argument("--json", help="results JSON (default OUT/bench.json)")
     p.add_argument("--png", help="plot (default OUT/bench.png; needs matplotlib)")
@@ -229,7 +231,8 @@ def check_all_settings(args: argparse.Namespace, arms: Sequence[Arm]) -> int:
     """Each arm in its own process, set up, not trained: does torch report what it intends?"""
     results: dict[str, Any] = {}
     for arm in arms:
-        env = arm.environ({k: v for k, v in os.environ.items() if k != REPORT_VAR})
+        # a report to nowhere: the recorder it installs is how the process learns its decision
+        env = arm.environ({**os.environ, REPORT_VAR: os.devnull})
         command = [
             args.python,
             "-m",
@@ -439,6 +442,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(parser().parse_args(list(argv) if argv is not None else None))
 
 
+def output_dir(args: argparse.Namespace) -> str:
+    """``--out``, or (decided once, kept in ``args``) a new private directory under the user
+    cache directory, as ``autoalloc ab`` uses: named on stderr."""
+    if args.out is None:
+        from autoalloc.ab.outdir import private_run_dir
+
+        args.out = private_run_dir("bench")
+        print(f"bench: logs, runs and results go to {args.out} (--out to choose)", file=sys.stderr)
+    return str(args.out)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the bench the options ask for; the exit status."""
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
@@ -446,7 +460,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"autoalloc bench: unknown arm(s) {unknown}; known: {list(ARMS)}", file=sys.stderr)
         return 2
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(output_dir(args), exist_ok=True)
     if args.check_settings:
         return check_all_settings(args, make_arms(arms, _base(args), _write_policy(args.out)))
     return run_bench(args, arms)
