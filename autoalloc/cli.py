@@ -219,14 +219,14 @@ def _ab_outlook(command: list[str]) -> tuple[dict, dict | None]:
     """What the real run of ``command`` decides: ``explain``'s report at ``import torch`` and,
     when a rule can still decide later, its report once the program has imported what its
     source imports and built its optimizer (None: nothing to ask)."""
-    from autoalloc.ab.imports import program_imports
     from autoalloc.explain import explain
 
     now = explain(command)
-    if now["decision"]["action"] != "none" or not now.get("late"):
+    prediction = now.get("prediction") or {}
+    if now["decision"]["action"] != "none" or not now.get("late") or not prediction.get("rule"):
         return now, None
-    imported = program_imports(now["entry_point"], os.getcwd())
-    return now, explain(command, imported=imported, trains=True) if imported else None
+    imported = sorted(prediction["evidence"])  # what its source imports (explain's prediction)
+    return now, explain(command, imported=imported, trains=True)
 
 
 def _cmd_ab(args: argparse.Namespace) -> int:

@@ -173,15 +173,18 @@ def predict(result: Plan, env: Mapping[str, str], cwd: str | None) -> dict[str, 
     """What a script's own source says it will get at run time (``scan``), for a script that
     nothing decides at ``import torch`` and a policy with ``training`` rules; or that the
     script does not exist. None: nothing to predict."""
-    entry = result.decided_for
-    if entry.kind != "script" or result.policy is None:
+    entry, cwd = result.decided_for, cwd or os.getcwd()
+    if entry.kind not in ("script", "module") or result.policy is None:
         return None
-    if not os.path.isfile(entry.path):
-        return {"outcome": "missing", "text": f"no such script: {entry.path} (below: what a "
+    path = entry.path if entry.kind == "script" else _module_file(entry.target, cwd)
+    if entry.kind == "script" and not os.path.isfile(path):
+        return {"outcome": "missing", "text": f"no such script: {path} (below: what a "
                 "script at that path would get)"}
-    if result.decision.action != "none" or not watches_training(result.policy.rules):
+    if path is None or result.decision.action != "none":
         return None
-    found = scan.scan(entry.path, entry.args, cwd or os.getcwd(), evidence.installed_dirs())
+    if not watches_training(result.policy.rules):
+        return None
+    found = scan.scan(path, entry.args, cwd, evidence.installed_dirs())
     out: dict[str, Any] = {
         "evidence": found.names, "optimizer": found.optimizer, "unknown": list(found.unknown),
         "files": len(found.files), "configs": list(found.configs), "complete": found.complete,
@@ -189,6 +192,15 @@ def predict(result: Plan, env: Mapping[str, str], cwd: str | None) -> dict[str, 
     after = result.after_training(env, found.imported(), late=True)
     rule = after.decision.rule if after.decision.action == "apply" else None
     return out | _outcome(result, env, found, rule)
+
+
+def _module_file(module: str, cwd: str) -> str | None:
+    """The file ``python -m module`` runs, when it is the program's own (under ``cwd``)."""
+    base = os.path.join(cwd, *module.split("."))
+    for path in (os.path.join(base, "__main__.py"), base + ".py"):
+        if os.path.isfile(path):
+            return path
+    return None
 
 
 def _outcome(
