@@ -31,7 +31,9 @@ JOB = (
 )
 
 
-def autoalloc_cmd(sandbox: Sandbox, *argv: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+def autoalloc_cmd(
+    sandbox: Sandbox, *argv: str, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return sandbox.run(["-m", "autoalloc", *argv], cwd=cwd)
 
 
@@ -120,7 +122,8 @@ def _uninspectable(path: Path, kind: str) -> None:
 
 def test_an_uninspectable_pyproject_is_passed_over_silently(sandbox: Sandbox) -> None:
     """A monorepo's skip rule above a package whose pyproject.toml is a FIFO still applies."""
-    sandbox.write("autoalloc.toml", '[[rules]]\nname = "no-nemo"\nscripts = ["**/speech_to_text_*.py"]\naction = "skip"\n')
+    skip = '[[rules]]\nname = "no-nemo"\nscripts = ["**/speech_to_text_*.py"]\naction = "skip"\n'
+    sandbox.write("autoalloc.toml", skip)
     package = sandbox.work / "pkg"
     package.mkdir()
     _uninspectable(package / "pyproject.toml", "fifo")
@@ -206,7 +209,8 @@ def test_init_into_pyproject_appends_a_commented_section(sandbox: Sandbox) -> No
     assert again.returncode == 1 and path.read_text() == text
     # Uncommented, the section is a valid [tool.autoalloc] table in the right places.
     lines = text.splitlines()
-    on = [line[2:] if line.startswith(("# [", "# name", "# scripts", "# action")) else line for line in lines]
+    keys = ("# [", "# name", "# scripts", "# action")
+    on = [line[2:] if line.startswith(keys) else line for line in lines]
     table = sources.parse_toml("\n".join(on).encode())["tool"]["autoalloc"]
     assert [r["name"] for r in table["rules"]] == ["my-asr-train", "my-inference"]
     assert table["allocator"] == {}
