@@ -9,20 +9,49 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from autoalloc import __version__, sources
 from autoalloc.envvars import CONFIG_VAR
 
 if TYPE_CHECKING:
-    from autoalloc.policy import Rule
+    from autoalloc.policy import LayerStatus, Rule
 
-STARTER = """\
+HEADER = """\
 # autoalloc policy (WHERE). Everything below is commented out: this file changes nothing
 # until you uncomment a line. See what it does with `autoalloc explain -- python train.py`,
 # and validate it with `autoalloc check`.
 # Layers, lowest first: built-in < site < user < project (autoalloc.toml or
 # pyproject.toml [tool.autoalloc]) < the file named by AUTOALLOC_CONFIG.
+"""
+
+# Written with --force where it hides the project policy that applied here: then the file
+# changes something at once, and says what.
+HIDING = """\
+# autoalloc policy (project). This file replaces the project policy
+#   POLICY
+# for every program under this directory: the nearest project file is used, and project
+# files are not merged, so that file's rules and settings no longer apply here. Everything
+# below is commented out: until you uncomment a line, programs here get only the built-in,
+# site and user layers. See the result with `autoalloc explain -- python train.py`, and
+# validate this file with `autoalloc check`.
+"""
+
+# Appended to a pyproject.toml (init --into-pyproject).
+PYPROJECT_HEADER = """\
+# autoalloc policy (project, in pyproject.toml). Everything below is commented out: it
+# changes nothing until you uncomment [tool.autoalloc] and the lines you want below it.
+# See what it does with `autoalloc explain -- python train.py`, and validate it with
+# `autoalloc check`.
+"""
+
+PYPROJECT_HIDING = """\
+# Uncommenting [tool.autoalloc] makes this file the project policy here, in place of
+#   POLICY
+# (the nearest project file is used; project files are not merged).
+"""
+
+BODY = """\
 
 # enabled = false                # autoalloc does nothing where this file governs
 # on_conflict = "keep"           # keep | override: when PYTORCH_*ALLOC_CONF already sets a key
@@ -51,6 +80,27 @@ STARTER = """\
 # action = "skip"
 """
 
+STARTER = HEADER + BODY
+
+
+def starter(where: str, hides: str | None = None) -> str:
+    """The starter file for ``where`` (``project``, ``user``), every line commented out; its
+    header says what it changes: nothing, unless it ``hides`` the project policy there."""
+    if hides is not None:
+        return HIDING.replace("POLICY", hides) + BODY
+    return HEADER.replace("WHERE", where) + BODY
+
+
+def pyproject_section(hides: str | None = None) -> str:
+    """The starter as a commented ``[tool.autoalloc]`` section of a pyproject.toml."""
+    body = (
+        BODY.replace("\n# enabled", "\n# [tool.autoalloc]\n# enabled", 1)
+        .replace("# [allocator]", "# [tool.autoalloc.allocator]")
+        .replace("# [[rules]]", "# [[tool.autoalloc.rules]]")
+    )
+    note = PYPROJECT_HIDING.replace("POLICY", hides) if hides is not None else ""
+    return "\n" + PYPROJECT_HEADER + note + body
+
 
 def _cmd_explain(args: argparse.Namespace) -> int:
     from autoalloc.explain import explain, render
@@ -70,59 +120,144 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_init(args: argparse.Namespace) -> int:
+    if args.into_pyproject:
+        return _init_pyproject(os.getcwd())
     if args.user:
-        path, where = sources.user_path(), "user"
-    else:
-        path, where = os.path.join(os.getcwd(), "autoalloc.toml"), "project"
+        return _write_starter(sources.user_path(), starter("user"))
+    path = os.path.join(os.getcwd(), "autoalloc.toml")
     if os.path.lexists(path):
-        print(f"autoalloc init: {path} exists; not overwriting it", file=sys.stderr)
-        return 1
+        return _refuse(f"{path} exists; not overwriting it")
+    governing = _project_policy_here()
+    if governing is not None and not args.force:
+        return _refuse(_hiding(governing, path))
+    text = starter("project", hides=governing)
+    written = _write_starter(path, text)
+    if written == 0 and governing is not None:
+        print(f"it replaces {governing} for the programs under {os.path.dirname(path)}")
+    return written
+
+
+def _refuse(why: str) -> int:
+    print(f"autoalloc init: {why}", file=sys.stderr)
+    return 1
+
+
+def _project_policy_here() -> str | None:
+    """The project policy file the hook reads in the working directory (a broken one
+    included), or None: there is none, or it is another user's and ignored."""
+    project = next(layer for layer in _layers_here() if layer.layer == "project")
+    return project.path if project.status in ("found", "error") else None
+
+
+def _hiding(governing: str, path: str) -> str:
+    """Why init does not write ``path``: it would hide the project policy ``governing``."""
+    directory = os.path.dirname(path)
+    beside = os.path.dirname(governing) == directory
+    where = "beside it" if beside else f"under {directory}"
+    section = (
+        ""
+        if beside
+        else "; or, in a pyproject.toml of this directory, a commented [tool.autoalloc] "
+        "section with `autoalloc init --into-pyproject`, which changes nothing until you "
+        "uncomment it"
+    )
+    return (
+        f"{governing} holds the project policy here; a new {path} would replace it for "
+        f"every program {where} (the nearest project file is used; project files are not "
+        "merged), although every line of the new file is commented out. Add your rules to "
+        f"{governing} instead (a rule's scripts can name files of this directory); or "
+        f"write the starter anyway with `autoalloc init --force`{section}."
+    )
+
+
+def _write_starter(path: str, text: str) -> int:
+    if os.path.lexists(path):
+        return _refuse(f"{path} exists; not overwriting it")
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "x", encoding="utf-8") as f:
-            f.write(STARTER.replace("WHERE", where))
+            f.write(text)
     except OSError as exc:  # an unwritable directory, a read-only file system, a full disk
-        why = exc.strerror or str(exc)
-        print(f"autoalloc init: cannot write {path}: {why}", file=sys.stderr)
-        return 1
+        return _refuse(f"cannot write {path}: {exc.strerror or exc}")
     print(f"wrote {path}")
     return 0
 
 
-def _check_file(path: str) -> list[str]:
-    """What is wrong with one policy file (nothing: it is valid, and says so)."""
+def _init_pyproject(directory: str) -> int:
+    """Append a commented ``[tool.autoalloc]`` section to the pyproject.toml of
+    ``directory``: it changes nothing until uncommented."""
+    path = os.path.join(directory, "pyproject.toml")
+    if os.path.lexists(os.path.join(directory, "autoalloc.toml")):
+        return _refuse(
+            f"{os.path.join(directory, 'autoalloc.toml')} exists: it wins over a "
+            "[tool.autoalloc] table in the pyproject.toml beside it; edit it instead"
+        )
+    try:
+        data = sources.read_bytes(path)
+        table = sources.policy_table(path, data)
+    except FileNotFoundError:
+        return _refuse(f"no {path}: `autoalloc init` writes ./autoalloc.toml instead")
+    except sources.LayerError as exc:
+        return _refuse(f"{path}: {str(exc).rstrip('.')}; not changed")
+    if table is not None or b"[tool.autoalloc" in data:
+        return _refuse(f"{path} has a [tool.autoalloc] section already; not changed")
+    governing = _project_policy_here()
+    text = pyproject_section(hides=governing)
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text if data.endswith(b"\n") or not data else "\n" + text)
+    except OSError as exc:
+        return _refuse(f"cannot write {path}: {exc.strerror or exc}")
+    print(f"appended a commented [tool.autoalloc] section to {path}")
+    return 0
+
+
+def _check_file(path: str, known: frozenset[str]) -> list[str]:
+    """What is wrong with one policy file (nothing: it is valid, and says so); ``known``:
+    the rule names of the other layers, which its ``disable`` and ``enable`` may name."""
     if os.path.basename(path) == "pyproject.toml":
         beside = os.path.join(os.path.dirname(path), "autoalloc.toml")
         if os.path.isfile(beside) and sources.shadowed_table(beside) is not None:
             return [sources.shadow_note(of_pyproject=True)]
-    problems = _file_problems(path)
+    problems = _file_problems(path, known)
     shadowed = sources.shadowed_table(path)
     return problems + ([sources.shadow_note()] if shadowed is not None else [])
 
 
-def _file_problems(path: str) -> list[str]:
-    from autoalloc.policy import PolicyError, Source, salvage
+def _file_problems(path: str, known: frozenset[str]) -> list[str]:
+    from autoalloc.policy import PolicyError, Source, salvage, unknown_switches
 
     layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
     if os.path.abspath(path) == sources.BUILTIN_PATH:
         layer = "builtin"  # its rules may come in parts of one name
     try:
-        table = sources.policy_table(path, sources.read_bytes(path))
+        data = sources.read_bytes(path)
+        table = sources.policy_table(path, data)
     except FileNotFoundError:
         return ["no such file"]
     except sources.LayerError as exc:
-        return [f"{exc}; the file is ignored"]
+        return [f"{str(exc).rstrip('.')}; the file is ignored"]
     if table is None:
         return ["no [tool.autoalloc] table"]
     try:
         config, problems = salvage(table, Source(layer, path), allow_trust=layer != "project")
     except PolicyError as exc:
         return [f"{exc}; the file is ignored"]
-    problems = [*problems, *_dead_triggers(config.rules)]
+    names = known | {rule.name for rule in config.rules}
+    problems = [
+        *sources.pyproject_problems(path, data),
+        *unknown_switches(config, names, _wrapper_names),
+        *problems,
+        *_dead_triggers(config.rules),
+    ]
     if not problems and sources.shadowed_table(path) is None:
         count = len(config.rules)
         print(f"ok     {path}  ({count} rule{'' if count == 1 else 's'})")
     return list(problems)
+
+
+def _wrapper_names() -> frozenset[str]:
+    return frozenset(wrapper.name for wrapper in sources.builtin_wrappers())
 
 
 def _dead_triggers(rules: Sequence[Rule]) -> list[str]:
@@ -132,31 +267,46 @@ def _dead_triggers(rules: Sequence[Rule]) -> list[str]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from autoalloc.envvars import DISABLE_VAR, disable_problem
+
+    layers = _layers_here()
+    known = frozenset(rule.name for layer in layers if layer.config for rule in layer.config.rules)
     paths = list(args.paths)
     failed = 0
     if not paths:
-        paths, failed = _layer_paths()
+        paths, failed = _layer_paths(layers)
+    unclear = disable_problem(os.environ.get(DISABLE_VAR))
+    if unclear is not None:
+        failed += 1
+        print(f"error  {DISABLE_VAR}: {unclear.removeprefix('autoalloc: ')}")
     for path in paths:
-        errors = _check_file(path)
+        errors = _check_file(path, known)
         failed += bool(errors)
         for error in errors:
             print(f"error  {path}: {error}")
     return 1 if failed else 0
 
 
-def _layer_paths() -> tuple[list[str], int]:
-    """The files of the layers the hook reads here (AUTOALLOC_CONFIG's included), and how
-    many layers are errors that no file shows: a named AUTOALLOC_CONFIG that does not exist."""
+def _layers_here() -> list[LayerStatus]:
+    """The layers the hook reads for a program started in the working directory."""
     from autoalloc import entrypoint
 
-    layers = sources.read_layers(
+    return sources.read_layers(
         entrypoint.EntryPoint("unknown"), os.environ, entrypoint.current_cwd()
     )
+
+
+def _layer_paths(layers: Sequence[LayerStatus]) -> tuple[list[str], int]:
+    """The files of ``layers`` (AUTOALLOC_CONFIG's included), and how many layers are
+    errors that no file shows: a named AUTOALLOC_CONFIG that does not exist. A
+    pyproject.toml the project search passed over gets a line of its own, not an error."""
     paths, failed = [], 0
     for layer in layers:
         if layer.path and layer.layer == "env" and not os.path.lexists(layer.path):
             failed += 1
             print(f"error  {layer.path}: {layer.message} ({CONFIG_VAR})")
+        elif layer.path and layer.status == "skipped":
+            print(f"note   {layer.path}: {layer.message}")
         elif layer.path and layer.status in ("found", "error", "untrusted"):
             paths.append(layer.path)
     return paths, failed
@@ -334,6 +484,17 @@ def _init_options(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true", help="./autoalloc.toml (default)")
     where.add_argument("--user", action="store_true", help="the user config file (platformdirs)")
+    where.add_argument(
+        "--into-pyproject",
+        action="store_true",
+        help="append a commented [tool.autoalloc] section to ./pyproject.toml instead",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write ./autoalloc.toml even where it replaces the project policy of a "
+        "pyproject.toml beside it or of a file above (never overwrites a file)",
+    )
 
 
 def _check_options(p: argparse.ArgumentParser) -> None:
@@ -395,7 +556,11 @@ COMMANDS = (
         name="init",
         help="write a commented starter policy (refuses to overwrite)",
         description="Write a commented starter policy: ./autoalloc.toml (--project, the "
-        "default) or the user config file (--user). An existing file is never overwritten.",
+        "default), the user config file (--user), or a commented [tool.autoalloc] section "
+        "appended to ./pyproject.toml (--into-pyproject). An existing file is never "
+        "overwritten. Where a project policy applies already (a pyproject.toml "
+        "[tool.autoalloc] beside, an autoalloc.toml or pyproject.toml above), a new "
+        "./autoalloc.toml would replace it: init names it and writes nothing, unless --force.",
         options=_init_options,
         run=_cmd_init,
     ),
@@ -472,23 +637,64 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+class _PipeGuard:
+    """Standard output for a command whose reader may go away (``autoalloc check | head -1``):
+    once a write or flush meets a closed pipe, the rest goes to ``os.devnull``, and the
+    command runs on to its own exit status, without a traceback."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            _to_devnull(self._stream)
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            _to_devnull(self._stream)
+            try:
+                self._stream.flush()  # what the pipe did not take, now to devnull
+            except (OSError, ValueError):
+                pass
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._stream, name)
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point ``stream``'s descriptor at devnull, as Python's documentation advises for a
+    closed pipe (signal module, "Note on SIGPIPE"), so that no later flush fails again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``autoalloc COMMAND ...``; bare ``autoalloc`` lists the commands. Quiet on a closed
-    pipe (``autoalloc explain -- CMD | head -3``): exit status 1, no traceback."""
+    pipe (``autoalloc check | head -1``): no traceback, and the command's own exit status."""
+    stdout = sys.stdout
+    guarded = stdout is not None and not isinstance(stdout, _PipeGuard)
+    if guarded:
+        sys.stdout = _PipeGuard(stdout)  # type: ignore[assignment]
     try:
         try:
             return _dispatch(list(sys.argv[1:] if argv is None else argv))
         finally:
             if sys.stdout is not None:
                 sys.stdout.flush()  # a closed pipe shows here, not in the flush at exit
-    except BrokenPipeError:
-        # What Python's documentation advises (signal module, "Note on SIGPIPE"): point stdout
-        # at devnull, so that the interpreter's flush at exit does not fail a second time.
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError, AttributeError):
-            pass
+            if guarded and isinstance(sys.stdout, _PipeGuard):
+                sys.stdout = stdout
+    except BrokenPipeError:  # written past the guard (``sys.stdout.buffer``): status unknown
+        if stdout is not None:
+            _to_devnull(stdout)
         return 1
 
 

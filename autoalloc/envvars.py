@@ -9,6 +9,7 @@ own copies of the few it reads, because it must import nothing of the package;
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 # Switches and inputs
 DISABLE_VAR = "AUTOALLOC_DISABLE"  # switch autoalloc off for this process and its children
@@ -29,6 +30,9 @@ STOP_VAR = "AUTOALLOC_AB_STOP_AFTER"  # end the run after this many optimizer st
 PROGRESS_VAR = "AUTOALLOC_AB_PROGRESS"  # a file rank 0 writes its step count to
 
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+Flag = Literal["on", "off", "unclear"]
 
 # Global rank of a process that a job launcher started (torchrun, srun, mpirun, MPICH/Hydra),
 # first one set wins; LOCAL_RANK and WORLD_SIZE complete what a report records.
@@ -40,6 +44,30 @@ REPORTED_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_
 def truthy(value: str | None) -> bool:
     """Whether an environment flag such as ``AUTOALLOC_DISABLE`` is switched on."""
     return value is not None and value.strip().lower() in _TRUE
+
+
+def flag(value: str | None) -> Flag:
+    """An on/off environment variable read as the user wrote it: ``on`` for 1, true, yes, on;
+    ``off`` for 0, false, no, off, the empty string or unset (any case, spaces around
+    ignored); ``unclear`` for anything else."""
+    if value is None:
+        return "off"
+    word = value.strip().lower()
+    return "on" if word in _TRUE else "off" if word in _FALSE else "unclear"
+
+
+def disable_problem(value: str | None) -> str | None:
+    """The warning for an ``AUTOALLOC_DISABLE`` value that is neither true nor false (None:
+    it is one of them). Such a value disables autoalloc too: whoever set the variable meant
+    to switch it off, most likely."""
+    if flag(value) != "unclear":
+        return None
+    shown = repr(value if len(value or "") <= 40 else f"{value[:40]}...")
+    return (
+        f"autoalloc: {DISABLE_VAR}={shown} is neither true (1, true, yes, on) nor false "
+        f"(0, false, no, off, empty): autoalloc is disabled, as for {DISABLE_VAR}=1 "
+        f"(write {DISABLE_VAR}=1 to say so, or {DISABLE_VAR}=0 to keep autoalloc on)."
+    )
 
 
 def global_rank(ranks: dict[str, int] | None = None) -> int | None:

@@ -18,7 +18,7 @@ from autoalloc import messages, sources, wrappers
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.envvars import DISABLE_VAR, truthy
+from autoalloc.envvars import DISABLE_VAR, disable_problem, flag
 from autoalloc.policy import Policy
 from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
@@ -122,7 +122,9 @@ def plan(
     # 1. The program to decide for: the one inside profilers, debuggers and launchers (a
     #    launcher decides for its workers, so that every rank inherits one decision and at
     #    most one warning), with 3. the policy layers that govern it.
-    disabled_here = truthy(env.get(DISABLE_VAR))
+    # Any value but a false one disables (AUTOALLOC_DISABLE=2 too, with a warning): the
+    # start-up module arms the watcher for such a value, so that the warning comes here.
+    disabled_here = flag(env.get(DISABLE_VAR)) != "off"
     if disabled_here:
         table = sources.builtin_wrappers() if sources.may_wrap(entry) else ()
         policy, program = None, wrappers.unwrap(entry, table, cwd, argv)
@@ -138,6 +140,9 @@ def plan(
     # 2. AUTOALLOC_DISABLE: nothing of autoalloc's, not even what a parent process wrote.
     if policy is None:
         decision = disabled(matched, env, torch, f"{DISABLE_VAR} is set")
+        unclear = disable_problem(env.get(DISABLE_VAR))
+        if unclear is not None:
+            decision = replace(decision, warnings=(*decision.warnings, unclear))
         return Plan(**made, policy=None, decision=decision)
     # 4. The decision.
     if rule is None:

@@ -8,7 +8,7 @@ What a file may hold is ``schema``'s; reading files is ``sources``' job.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
 
@@ -19,12 +19,15 @@ from autoalloc.records import record
 from autoalloc.wrappers import Wrapper
 
 LayerName = Literal["builtin", "site", "user", "project", "env"]
-LayerState = Literal["found", "missing", "error", "untrusted", "unset"]
+# skipped: a pyproject.toml that cannot be inspected (a FIFO, a device, unreadable, huge),
+# passed over by the project search; explain and check mention it, a run says nothing
+LayerState = Literal["found", "missing", "error", "untrusted", "unset", "skipped"]
 LAYERS: tuple[LayerName, ...] = get_args(LayerName)
 
 __all__ = [
     "LAYERS", "LayerConfig", "LayerName", "LayerState", "LayerStatus", "Policy", "PolicyError",
-    "Rule", "Source", "Valued", "compose", "salvage", "summarize", "switched", "validate",
+    "Rule", "Source", "Valued", "compose", "salvage", "summarize", "switched",
+    "unknown_switches", "validate",
 ]
 
 
@@ -305,6 +308,33 @@ def switched(name: str, configs: Sequence[LayerConfig]) -> tuple[str, LayerConfi
         if any(n in config.enable for n in names):
             return "enable", config
     return None
+
+
+def unknown_switches(
+    config: LayerConfig, known: Collection[str], more: Callable[[], Collection[str]] = tuple
+) -> list[str]:
+    """A sentence for each name in ``config``'s ``disable`` or ``enable`` that names no rule
+    of any layer (``known``; ``more()``: other names, e.g. the built-in wrappers, asked
+    only when a name is not in ``known``), with the closest name that does."""
+    from autoalloc.messages import did_you_mean, shortened
+
+    out = []
+    extra: Collection[str] | None = None
+    former = {old for names in RENAMED.values() for old in names}
+    for key, does in (("disable", "off"), ("enable", "on")):
+        for name in getattr(config, key):
+            if name in known or name in former:
+                continue
+            extra = more() if extra is None else extra
+            if name in extra:
+                continue
+            # difflib is slow on many names: a hint for the first few mistakes only
+            hint = did_you_mean(name, sorted({*known, *extra})) if len(out) < 5 else ""
+            out.append(
+                f"{key}: no rule is named {shortened(name)}{hint or '.'} "
+                f"It switches nothing {does}."
+            )
+    return out
 
 
 def summarize(problems: Sequence[str], shown: int = 3) -> str:

@@ -107,6 +107,52 @@ TOP = {
 }
 ITEMS = {"rules": RULE, "wrappers": WRAPPER}
 
+# The top-level tables that pyproject.toml's own specifications define (PEP 517, 621, 735):
+# a key of these is never autoalloc's, whatever its name.
+PYPROJECT_OWN = ("build-system", "project", "tool", "dependency-groups")
+
+
+def misplaced(document: Mapping[str, Any], mentioned: bool = True) -> list[Problem]:
+    """Autoalloc keys at the top level of a pyproject.toml (``[[rules]]`` pasted below
+    ``[tool.autoalloc]`` starts a table of its own), each with its right spelling there.
+
+    ``mentioned``: the file names autoalloc somewhere; else only ``[[rules]]`` that look
+    like autoalloc's (a condition key) and an ``[allocator]`` of torch's options count, not
+    another tool's top-level table of the same name.
+    """
+    problems = []
+    for key, value in document.items():
+        if key not in TOP or key in PYPROJECT_OWN or not (mentioned or _looks_ours(key, value)):
+            continue
+        kind = TOP[key].kind
+        if key in ITEMS:
+            wrote, right = f"[[{key}]]", f"[[tool.autoalloc.{key}]]"
+        elif kind == "allocator":
+            wrote, right = f"[{key}]", f"[tool.autoalloc.{key}]"
+        else:
+            example = "[...]" if kind == "strings" else "..."
+            wrote, right = key, f"tool.autoalloc.{key} = {example}"
+        problems.append(Problem(
+            f"{wrote} is at the top level of pyproject.toml, where autoalloc does not read it: "
+            f"write {right}", _misplaced_cost(key, value)))
+    return problems
+
+
+def _looks_ours(key: str, value: object) -> bool:
+    if key == "rules" and isinstance(value, list):
+        return any(isinstance(r, dict) and not set(r).isdisjoint(RULE.needs) for r in value)
+    if key == "allocator" and isinstance(value, dict):
+        return bool(value) and set(value) <= set(allocconf.KEYS)
+    return False
+
+
+def _misplaced_cost(key: str, value: object) -> str:
+    """What a misplaced key costs: ``Its 2 rules are ignored.``, ``It is ignored.``"""
+    if key not in ITEMS or not isinstance(value, list) or not value:
+        return "It is ignored."
+    count, noun = len(value), ITEMS[key].noun
+    return f"Its {count} {noun}{' is' if count == 1 else 's are'} ignored."
+
 
 @record(frozen=True)
 class Document:

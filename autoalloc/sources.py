@@ -32,6 +32,7 @@ from autoalloc.policy import (
     compose,
     salvage,
     summarize,
+    unknown_switches,
 )
 
 MAX_BYTES = 1 << 20
@@ -41,6 +42,10 @@ WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappe
 
 class LayerError(Exception):
     """A layer file that exists but cannot be used."""
+
+
+class TooLarge(LayerError):
+    """A layer file over ``MAX_BYTES``."""
 
 
 def site_path() -> str:
@@ -99,7 +104,7 @@ def _check_regular(st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise LayerError("not a regular file")
     if st.st_size > MAX_BYTES:
-        raise LayerError(f"larger than {MAX_BYTES // 1024} KiB")
+        raise TooLarge(f"larger than {MAX_BYTES // 1024} KiB")
 
 
 def read_file(path: str) -> tuple[bytes, os.stat_result]:
@@ -140,7 +145,7 @@ def read_file(path: str) -> tuple[bytes, os.stat_result]:
     finally:
         os.close(fd)
     if size > MAX_BYTES:
-        raise LayerError(f"larger than {MAX_BYTES // 1024} KiB")
+        raise TooLarge(f"larger than {MAX_BYTES // 1024} KiB")
     return b"".join(chunks), st
 
 
@@ -185,13 +190,55 @@ def _whole_document(data: bytes) -> dict | None:
     return parse_toml(data)
 
 
-def _tool_autoalloc(data: bytes) -> object:
-    if b"autoalloc" not in data:  # cheap pre-check: most pyproject.toml files are not ours
-        return None
-    tool = parse_toml(data).get("tool")
+# Headers of autoalloc's tables that a pyproject.toml may hold at its top level by mistake
+# (the README's example pasted below [tool.autoalloc]): such a file is parsed too.
+_PASTED = (b"[[rules]]", b"[allocator]")
+
+
+def _pyproject(data: bytes) -> tuple[object, list[str]]:
+    """A pyproject.toml's ``[tool.autoalloc]`` table (None: it has none) and a sentence for
+    each autoalloc key at its top level, where autoalloc does not read it.
+
+    Parsed only when it names autoalloc or holds one of ``_PASTED``: most pyproject.toml
+    files are not ours. One that does not name autoalloc and is not valid TOML is not ours
+    either (None); one that names autoalloc raises LayerError.
+    """
+    mentioned = b"autoalloc" in data
+    if not mentioned and not any(header in data for header in _PASTED):
+        return None, []
+    try:
+        document = parse_toml(data)
+    except LayerError:
+        if mentioned:
+            raise
+        return None, []
+    from autoalloc import schema  # only for a pyproject.toml that may be ours
+
+    found = [p.sentence() for p in schema.misplaced(document, mentioned)]
+    tool = document.get("tool")
     if not isinstance(tool, dict) or "autoalloc" not in tool:
-        return None
-    return tool["autoalloc"]
+        return None, found
+    return tool["autoalloc"], found
+
+
+def _tool_autoalloc(data: bytes) -> object:
+    """The ``[tool.autoalloc]`` table (None: none). Raises LayerError when there is none but
+    autoalloc's keys sit at the top level of the file: a policy meant, and not read."""
+    table, found = _pyproject(data)
+    if table is None and found:
+        raise LayerError(f"it has no [tool.autoalloc] table. {' '.join(found)}")
+    return table
+
+
+def pyproject_problems(path: str, data: bytes) -> list[str]:
+    """The autoalloc keys at the top level of a pyproject.toml that has a [tool.autoalloc]
+    table (a sentence each; none for another file)."""
+    if os.path.basename(path) != "pyproject.toml":
+        return []
+    try:
+        return _pyproject(data)[1]
+    except LayerError:
+        return []
 
 
 # Project file names, in the order they are tried in each directory, and how each holds
@@ -333,12 +380,67 @@ def _examine(path: str) -> Examined:
     return "present"
 
 
+MAX_SCAN = 16 << 20  # bytes of a pyproject.toml over MAX_BYTES searched for "autoalloc"
+
+
+def _scan(path: str) -> bool | None:
+    """Whether a regular file larger than ``MAX_BYTES`` names autoalloc, read a chunk at a
+    time up to ``MAX_SCAN`` bytes (None: it cannot be told, the file being larger still or
+    unreadable). A pyproject.toml that large is a generated one, never autoalloc's."""
+    word = b"autoalloc"
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except (OSError, ValueError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SCAN:
+            return None
+        tail, size = b"", 0
+        while size <= MAX_SCAN:
+            chunk = os.read(fd, MAX_BYTES)
+            if not chunk:
+                return False
+            if word in tail + chunk:
+                return True
+            tail, size = chunk[-len(word):], size + len(chunk)
+        return None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _passed_over(path: str, exc: LayerError) -> LayerStatus | None:
+    """A pyproject.toml that ``read_file`` refused: not autoalloc's until it is seen to be.
+
+    None: a large one that does not name autoalloc (the search goes on, nothing to say); an
+    ``error`` layer for a large one that does (a broken policy, as an autoalloc.toml would
+    be); else ``skipped``: it cannot be inspected (a FIFO, a device, a directory, no read
+    permission, larger than ``MAX_SCAN``), which explain and check mention, and a run does
+    not: such a file is seldom a policy, and the search goes on upward."""
+    if isinstance(exc, TooLarge):
+        named = _scan(path)
+        if named is not None:
+            return LayerStatus("project", path, "error", str(exc)) if named else None
+    why = f"{exc}; not inspected for a [tool.autoalloc] table, and passed over"
+    return LayerStatus("project", path, "skipped", why)
+
+
 def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus | None:
-    """The project layer from ``path``, or None when the search goes on past it."""
+    """The project layer from ``path``, or None when the search goes on past it (a
+    ``skipped`` layer too: the search goes on, and says why)."""
     if _examine(path) != "present":
         return None
     try:
         data, st = read_file(path)
+    except FileNotFoundError:
+        return None
+    except LayerError as exc:
+        if os.path.basename(path) == "pyproject.toml":
+            return _passed_over(path, exc)
+        return LayerStatus("project", path, "error", str(exc))
+    try:
         if trusted is not None and not is_trusted(path, trusted, st):
             # Another user's pyproject.toml is looked at only to see whether it has our table.
             try:
@@ -351,8 +453,6 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
         if cached is not None:
             return cached
         table = _project_table(path, data)
-    except FileNotFoundError:
-        return None
     except LayerError as exc:
         return LayerStatus("project", path, "error", str(exc))
     if table is None:
@@ -360,26 +460,33 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
     return LayerStatus("project", path, "found", table=table, data=data)
 
 
-def _find(start: str | None, trusted: Sequence[str] | None) -> LayerStatus | None:
-    """The nearest project policy (``trusted`` None: no ownership check)."""
+def _find(
+    start: str | None, trusted: Sequence[str] | None
+) -> tuple[LayerStatus | None, tuple[LayerStatus, ...]]:
+    """The nearest project policy (``trusted`` None: no ownership check), and the
+    pyproject.toml files passed over on the way because they cannot be inspected."""
+    skipped: list[LayerStatus] = []
     if not start:
-        return None
+        return None, ()
     for directory in ancestors(start):
         for name in LOADERS:
             found = _project_candidate(os.path.join(directory, name), trusted)
-            if found is not None:
-                return found
-    return None
+            if found is not None and found.status == "skipped":
+                skipped.append(found)
+            elif found is not None:
+                return found, tuple(skipped)
+    return None, tuple(skipped)
 
 
 def find_project(start: str | None) -> LayerStatus | None:
     """The nearest project policy searched upward from ``start``, without ownership checks.
 
     ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
-    ``pyproject.toml`` without ``[tool.autoalloc]`` does not count. Unlike the project layer
-    of ``read_layers``, its message does not name the table the winner leaves unread.
+    ``pyproject.toml`` without ``[tool.autoalloc]`` does not count, nor one that cannot be
+    inspected. Unlike the project layer of ``read_layers``, its message does not name the
+    table the winner leaves unread.
     """
-    return _find(start, None)
+    return _find(start, None)[0]
 
 
 def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
@@ -391,6 +498,7 @@ def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
         config, problems = salvage(read.table, source, allow_trust, cache=True)
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
+    problems = (*pyproject_problems(read.path or "", read.data), *problems)
     # A file used in part is "found", with a message saying what was left out.
     done = replace(read, config=config, message=summarize(problems))
     if read.data and read.path:
@@ -510,9 +618,35 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     named = _env_layer(env)
     trusted = trusted_dirs(env, [r.config for r in (site, user, named) if r.config is not None])
     # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
-    found = _find(project_start(entry, cwd), trusted)
+    found, skipped = _find(project_start(entry, cwd), trusted)
     project = LayerStatus("project", None, "missing") if found is None else found
-    return [builtin, site, user, with_shadow(_validated(project, allow_trust=False)), named]
+    project = with_shadow(_validated(project, allow_trust=False))
+    # the pyproject.toml files passed over come after the project layer, not to be taken
+    # for it; they hold no configuration
+    return with_unknown_switches([builtin, site, user, project, *skipped, named])
+
+
+def with_unknown_switches(layers: list[LayerStatus]) -> list[LayerStatus]:
+    """The layers, each whose ``disable`` or ``enable`` names no rule of any layer (a typo)
+    with a message saying so: a run warns once, explain and check show it."""
+    configs = [layer.config for layer in layers if layer.config is not None]
+    if not any(c.disable or c.enable for c in configs):
+        return layers
+    known = {rule.name for c in configs for rule in c.rules}
+    known.update(wrapper.name for c in configs for wrapper in c.wrappers)
+
+    def wrapper_names() -> set[str]:  # disable removes a built-in wrapper too
+        return {wrapper.name for wrapper in builtin_wrappers()}
+
+    out = []
+    for layer in layers:
+        config = layer.config
+        found = unknown_switches(config, known, wrapper_names) if config is not None else []
+        if found and layer.status == "found":
+            rest = layer.message or "The rest of the file applies."
+            layer = replace(layer, message=f"{' '.join(found)} {rest}")
+        out.append(layer)
+    return out
 
 
 def with_shadow(layer: LayerStatus) -> LayerStatus:
