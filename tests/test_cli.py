@@ -208,6 +208,7 @@ def test_a_closed_pipe_is_quiet(sandbox: Sandbox, argv: list[str]) -> None:
     if argv[:1] != ["init"]:  # init writes it, and refuses to overwrite one
         sandbox.write("autoalloc.toml", '[[rules]]\nname = "a"\nscripts = ["x.py"]\n')
     sandbox.write("report.json", json.dumps({"pid": 1, "steps": 0, "step_times": []}))
+    sandbox.write("train.py", "")
     read, write = os.pipe()
     os.close(read)  # the reader is gone before the first write: EPIPE every time
     try:

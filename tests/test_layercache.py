@@ -119,6 +119,7 @@ def test_only_the_hook_uses_it(sandbox) -> None:
     for _ in range(2):
         assert decide(sandbox, "train_lab.py", None, "--no-cache")["parsed"]
     assert not (cache(sandbox) / "autoalloc").exists()
+    sandbox.write("train_lab.py", "")
     explained = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train_lab.py"],
                             env={"XDG_CACHE_HOME": str(cache(sandbox))})  # fmt: skip
     assert explained.returncode == 0 and "lab-a" in explained.stdout

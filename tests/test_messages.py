@@ -273,6 +273,8 @@ def test_init_writes_an_inert_file(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 def test_explain_text_puts_the_decision_first(tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "u"),
            "XDG_CONFIG_DIRS": str(tmp_path / "s")}
+    (tmp_path / NEMO).parent.mkdir(parents=True)
+    (tmp_path / NEMO).write_text("")  # a script that does not exist: an error line first
     report = explain(["python", NEMO], env=env, cwd=str(tmp_path))
     lines = render(report).splitlines()
     builtin = sources.BUILTIN_PATH
