@@ -171,17 +171,16 @@ def held(namespace: Mapping[str, object]) -> Iterator[str]:
         if count >= MAX_NAMES:
             return
         yield from names_of(value)
-        if issubclass(type(value), _CONTAINERS):
+        if type(value) in _CONTAINERS:  # exactly: a subclass's own methods could run code
             yield from _inside(value)
 
 
 def _inside(container: object) -> Iterator[str]:
-    if issubclass(type(container), SimpleNamespace):
-        container = vars(container)
-    try:
-        items = list(container.values() if issubclass(type(container), dict) else container)
-    except Exception:  # a container that refuses to be read: nothing to say
-        return
+    """The names of what a plain container holds. Plain types only: a lazy mapping
+    (transformers' model tables are OrderedDict subclasses) loads a module per value read."""
+    if type(container) is SimpleNamespace:
+        container = container.__dict__
+    items = list(container.values() if type(container) is dict else container)  # type: ignore
     for item in items[:MAX_ITEMS]:
         if type(item) not in (str, int, float, bool, type(None)):
             yield from names_of(item)

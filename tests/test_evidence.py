@@ -71,6 +71,12 @@ def test_held_looks_one_level_into_containers() -> None:
     assert set(evidence.held({"deep": {"x": {"y": sys}}})) == set()  # two levels: not looked at
     assert "os" in set(evidence.held({"ns": types.SimpleNamespace(m=os)}))
 
+    class Lazy(dict):  # as transformers' model tables: reading a value loads a module
+        def values(self):  # type: ignore[override]
+            raise AssertionError("read through the subclass")
+
+    assert "os" not in set(evidence.held({"table": Lazy(a=os)}))  # not read, nothing loaded
+
 
 def test_a_lazy_loader_module_that_never_ran_is_not_an_import(tmp_path: Path) -> None:
     (tmp_path / "lazymod_never.py").write_text("VALUE = 1\n")
