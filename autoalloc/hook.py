@@ -185,7 +185,6 @@ def _watch_evidence(policy: Policy) -> None:
 def _note_importer(name: str) -> None:
     """Module ``name`` is about to execute: remember where, when the importer is the program's
     own code (not a library importing it for its own purposes, nor importlib's machinery)."""
-
     own, skip = _own_code(), _machinery_files()
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
