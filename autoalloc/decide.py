@@ -406,11 +406,13 @@ def resolve(
     2. read the environment's variable, 3. drop what the backend ignores, 4. drop size
     options torch would reject together with the environment's, 5. merge and say each
     conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
-    environment writes (or the runtime-setter string).
+    environment writes (late, also the runtime-setter string).
 
     ``now`` (a late apply, torch loaded): what torch uses at this moment, the environment's
     string and the program's runtime setter calls, is what the options are merged into, with
     the same precedence; a runtime ``expandable_segments:False`` is the program's refusal.
+    The setter gets that full string; the environment, which only children read, gets the
+    rule's options merged into its own string (``_for_children``).
     """
     ours, warnings, notes = _gate(policy.options_for(rule), torch, platform, late)  # 1
     env_before = {name: env[name] for name in ALL_VARS if name in env}
@@ -438,8 +440,27 @@ def resolve(
     base = existing if state.base is None else state.base
     if not state.ours or value == base:
         return _finish(state, entry, several, base, {}, setter if late else None)
+    if state.base is not None:  # late: torch gets ``value``, the children their own string
+        children = _for_children(state)
+        writes = {}
+        if children is not None and children != existing:
+            writes = _writes(read_var, env_before, existing, children)
+        return _finish(state, entry, several, value, writes, setter, children)
     writes = _writes(read_var, env_before, existing, value)
     return _finish(state, entry, several, value, writes, setter if late else None)
+
+
+def _for_children(state: _Resolving) -> str | None:
+    """Step 7 of a late apply: what the program's children get, the environment's string
+    (what the program put there, even after ``import torch``) with the rule's options merged
+    in as at start-up; never what the program set for itself through the setter. None where
+    the environment's string cannot take them (left as it is: a child decides for itself)."""
+    try:
+        merged, _ = allocconf.merge(allocconf.parse(state.existing), state.ours, state.override)
+        allocconf.check_options(merged)
+    except allocconf.ConfError:
+        return None
+    return allocconf.serialize(merged)
 
 
 def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
@@ -594,8 +615,13 @@ def _finish(
     value: str,
     writes: dict[str, str],
     setter: str | None,
+    marked: str | None = None,
 ) -> Decision:
-    """The ``apply`` Decision: the several-variables warning first, the marks written last."""
+    """The ``apply`` Decision: the several-variables warning first, the marks written last.
+
+    ``marked``: the string the children find in the environment, where it is not ``value``
+    (a late apply), for ``AUTOALLOC_APPLIED``: a child that finds it knows it as the job's.
+    """
     env, read_var = state.env, state.read_var
     env_before = {name: env[name] for name in ALL_VARS if name in env}
     warnings = state.warnings
@@ -611,7 +637,7 @@ def _finish(
         writes[ORIGINAL_VAR] = json.dumps(
             {name: env_before.get(name) for name in writes}, sort_keys=True
         )
-    writes[APPLIED_VAR] = f"{state.rule.name};{value}"
+    writes[APPLIED_VAR] = f"{state.rule.name};{value if marked is None else marked}"
     current = env.get(read_var, "") if read_var else ""
     if state.base is not None:  # late: torch's string now, not the environment's
         current = state.base
