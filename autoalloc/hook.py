@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -84,11 +85,15 @@ def _retire(watcher) -> None:
         sys.meta_path = [f for f in sys.meta_path if f is not watcher]
 
 
-def before_exec(module: ModuleType, imported: set[str]) -> None:
+def before_exec(
+    module: ModuleType, imported: set[str], elsewhere: AbstractSet[str] = frozenset()
+) -> None:
     """Right before a watched module executes: for torch, decide and write the environment.
 
     ``imported``: ``sys.modules`` as the program left it, before autoalloc imported anything
     of its own for the decision (platformdirs, tomllib, ...): those are not the program's.
+    ``elsewhere``: the names other threads of the program have looked up since (their
+    imports, still the program's), filled in while the decision runs.
     """
     if module.__name__ in STATE.evidence_names:
         _note_importer(module.__name__)
@@ -99,7 +104,7 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
     STATE.plan = plan(entry, os.environ, cwd, info, imported, argv=getattr(sys, "argv", None))
-    STATE.own = frozenset(sys.modules.keys() - imported)
+    STATE.own = frozenset(sys.modules.keys() - imported - elsewhere)
     commit(STATE.plan.decision)
     watcher = _watcher()
     if watcher is not None and STATE.decision.action == "none" and STATE.policy is not None:
@@ -108,6 +113,9 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
         if dead:  # already in sys.modules: the program's import of them executes nothing
             messages.debug(f"imports {sorted(dead)} cannot trigger: autoalloc imported them")
         watcher.names |= pending - dead
+        # imported by another thread while autoalloc decided: it has executed, so it triggers now
+        for name in sorted(pending & frozenset(elsewhere) & sys.modules.keys()):
+            _on_trigger(watcher, name)
 
 
 def after_exec(module: ModuleType, imported: set[str]) -> None:
