@@ -352,9 +352,10 @@ def test_many_mistyped_keys_look_for_few_close_matches(
         ({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"}, True, "autoalloc: x"),
         ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, True, "autoalloc: on node 1 ("),
         ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, False, None),  # the job's: rank 0
-        ({"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, True, None),  # its node's first says it
+        ({"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, True, None),  # rank 2 says it
         ({"RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0"}, True, None),  # rank 0's node
-        ({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}, True, "autoalloc: on node 1 ("),
+        ({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}, True,
+         "autoalloc: on node 1 ("),
         ({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}, True, None),
         ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "x"}, True, None),
     ],
@@ -362,7 +363,8 @@ def test_many_mistyped_keys_look_for_few_close_matches(
 def test_a_nodes_own_warning_is_said_by_its_first_process(
     monkeypatch: pytest.MonkeyPatch, env: dict[str, str], node: bool, said: str | None
 ) -> None:
-    for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", *(n for n in os.environ if n.startswith(("SLURM_", "OMPI_", "PMI_")))):
+    launched = [n for n in os.environ if n.startswith(("SLURM_", "OMPI_", "PMI_"))]
+    for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", *launched):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

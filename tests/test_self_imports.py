@@ -104,7 +104,9 @@ class Paused:
 
 class Gate:
     def find_spec(self, name, path=None, target=None):
-        if name != "autoalloc.hook" or go.is_set() or threading.current_thread() is not threading.main_thread():
+        if name != "autoalloc.hook" or go.is_set():
+            return None
+        if threading.current_thread() is not threading.main_thread():
             return None
         spec = PathFinder.find_spec(name, path)
         spec.loader = Paused(spec.loader)
