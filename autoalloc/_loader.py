@@ -99,13 +99,13 @@ class Loader:
     def exec_module(self, module) -> None:
         # Another thread of the program may import modules while autoalloc decides: those are
         # the program's too. Looked for only where there is another thread (one C call).
-        others = Elsewhere.watch() if _count is None or _count() else None
+        others = _elsewhere() if _count is None or _count() else None
         imported = set(sys.modules)  # the program's modules, before autoalloc imports its own
         try:
             run("before_exec", module, imported, *(() if others is None else (others.names,)))
         finally:
             if others is not None:
-                others.retire()
+                sys.meta_path = [f for f in sys.meta_path if f is not others]
         self.loader.exec_module(module)
         spec = getattr(module, "__spec__", None)
         if getattr(spec, "loader", None) is self:
@@ -115,27 +115,20 @@ class Loader:
         run("after_exec", module, imported)
 
 
-class Elsewhere:
-    """On ``sys.meta_path`` while autoalloc decides: the names other threads look up (their
-    imports, which are the program's); it finds nothing itself."""
+def _elsewhere():
+    """A finder put first on ``sys.meta_path`` while autoalloc decides, which finds nothing: its
+    ``names`` are those other threads look up meanwhile (their imports, the program's). A
+    function, not a class: made only where the process has another thread."""
+    ident, names = get_ident(), set()  # the thread that decides
 
-    def __init__(self) -> None:
-        self.ident = get_ident()  # the thread that decides
-        self.names: set = set()
-
-    @classmethod
-    def watch(cls):
-        self = cls()
-        sys.meta_path = [self, *sys.meta_path]  # a new list: another thread may be iterating
-        return self
-
-    def find_spec(self, fullname, path=None, target=None):
-        if get_ident() != self.ident:
-            self.names.add(fullname)
+    def find_spec(fullname, path=None, target=None):
+        if get_ident() != ident:
+            names.add(fullname)
         return None
 
-    def retire(self) -> None:
-        sys.meta_path = [f for f in sys.meta_path if f is not self]
+    find_spec.find_spec, find_spec.names = find_spec, names
+    sys.meta_path = [find_spec, *sys.meta_path]  # a new list: another thread may be iterating
+    return find_spec
 
 
 def run(step: str, *args) -> None:
