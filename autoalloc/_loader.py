@@ -15,8 +15,11 @@ the spec the finders after the watcher give, its loader wrapped in ``Loader``. A
 acts only when the module really executes.
 """
 
+import _thread  # built in, loaded by importlib's bootstrap before site runs
 import sys
-from _thread import get_ident  # built in, loaded by importlib's bootstrap before site runs
+from _thread import get_ident
+
+_count = getattr(_thread, "_count", None)  # the threads started besides the main one
 
 DEBUG_VAR = "AUTOALLOC_DEBUG"  # its own copy of autoalloc.envvars' name (tests/test_layout.py)
 
@@ -94,8 +97,15 @@ class Loader:
         return self.loader.create_module(spec)
 
     def exec_module(self, module) -> None:
+        # Another thread of the program may import modules while autoalloc decides: those are
+        # the program's too. Looked for only where there is another thread (one C call).
+        others = _elsewhere() if _count is None or _count() else None
         imported = set(sys.modules)  # the program's modules, before autoalloc imports its own
-        run("before_exec", module, imported)
+        try:
+            run("before_exec", module, imported, *(() if others is None else (others.names,)))
+        finally:
+            if others is not None:
+                sys.meta_path = [f for f in sys.meta_path if f is not others]
         self.loader.exec_module(module)
         spec = getattr(module, "__spec__", None)
         if getattr(spec, "loader", None) is self:
@@ -103,6 +113,22 @@ class Loader:
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self.loader
         run("after_exec", module, imported)
+
+
+def _elsewhere():
+    """A finder put first on ``sys.meta_path`` while autoalloc decides, which finds nothing: its
+    ``names`` are those other threads look up meanwhile (their imports, the program's). A
+    function, not a class: made only where the process has another thread."""
+    ident, names = get_ident(), set()  # the thread that decides
+
+    def find_spec(fullname, path=None, target=None):
+        if get_ident() != ident:
+            names.add(fullname)
+        return None
+
+    find_spec.find_spec, find_spec.names = find_spec, names
+    sys.meta_path = [find_spec, *sys.meta_path]  # a new list: another thread may be iterating
+    return find_spec
 
 
 def run(step: str, *args) -> None:

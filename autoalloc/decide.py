@@ -78,6 +78,11 @@ class Decision:
     setter_value: str | None = None  # for a late trigger: the full string for the runtime setter
     warnings: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    # Of the warnings, those that come from what this process's node reads for itself (its
+    # environment, its torch, a user, site or AUTOALLOC_CONFIG policy file) and say that it
+    # does not get what its rule asks for, or that such a file was not used: on a job of
+    # several nodes, global rank 0 cannot see them, so each node that has one says it.
+    departures: tuple[str, ...] = ()
 
     @property
     def via(self) -> str:
@@ -190,10 +195,15 @@ def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict |
     return {**base, "writes": writes, "unsets": unsets, "read_var": read_var, "value": value}
 
 
-def layer_warnings(policy: Policy) -> list[str]:
-    """One warning per layer file that could not be used."""
+NODE_LAYERS = ("site", "user", "env")  # files a node reads for itself (not the project's)
+
+
+def layer_warnings(policy: Policy, layers: Container[str] | None = None) -> list[str]:
+    """One warning per layer file that could not be used (of ``layers`` only, when given)."""
     out = []
     for layer in policy.layers:
+        if layers is not None and layer.layer not in layers:
+            continue
         if layer.status in ("error", "untrusted"):
             out.append(
                 f"autoalloc: ignoring the {layer.layer} policy {layer.path}: {layer.message}"
@@ -285,23 +295,25 @@ def decide(
     if applied is not None and applied[1] == current:  # 1
         return _from_parent(policy, entry, env, torch, imported, base, applied[0], trains)
     warnings = tuple(layer_warnings(policy))
+    said = {"warnings": warnings, "departures": tuple(layer_warnings(policy, NODE_LAYERS))}
     if not policy.enabled.value:  # 2
         where = policy.enabled.source.describe() if policy.enabled.source else "?"
         why = f"enabled = false in {where}"
-        return Decision(action="disabled", reason=why, warnings=warnings, **base)
+        return Decision(action="disabled", reason=why, **said, **base)
     match = first_match(policy.rules, entry, imported, trains)  # 3
     rule = match.rule
     if rule is None:
-        return Decision(action="none", reason="no rule matches", warnings=warnings, **base)
+        return Decision(action="none", reason="no rule matches", **said, **base)
     if rule.action == "skip":
         return Decision(
             action="skip", rule=rule.name, rule_source=rule.source.describe(), reason=match.reason,
-            trigger=match.trigger, warnings=warnings, **base,
+            trigger=match.trigger, **said, **base,
         )  # fmt: skip
     resolved = resolve(policy, rule, entry, env, torch, late, platform, now)
     return replace(
         resolved, reason=match.reason, trigger=match.trigger,
         warnings=(*warnings, *resolved.warnings),
+        departures=(*said["departures"], *resolved.departures),
     )  # fmt: skip
 
 
@@ -382,9 +394,16 @@ class _Resolving:
     notes: list[str] = field(default_factory=list)
     origin: Mapping[str, str] = field(default_factory=dict)  # who set a key of ``pairs``
     base: str | None = None  # the text of ``pairs`` where it is not ``existing`` (late)
+    departures: list[str] = field(default_factory=list)  # of ``warnings`` (``Decision``)
 
     def set_by(self, key: str) -> str | None:
         return self.origin.get(key, self.read_var)
+
+    def depart(self, message: str) -> None:
+        """Warn that the process does not get what the rule asks for, because of what its node
+        reads for itself (the environment, the installed torch)."""
+        self.warnings.append(message)
+        self.departures.append(message)
 
     def merged(self) -> tuple[list[tuple[str, str]], list[str]]:
         return allocconf.merge(self.pairs, self.ours, self.override)
@@ -406,11 +425,13 @@ def resolve(
     2. read the environment's variable, 3. drop what the backend ignores, 4. drop size
     options torch would reject together with the environment's, 5. merge and say each
     conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
-    environment writes (or the runtime-setter string).
+    environment writes (late, also the runtime-setter string).
 
     ``now`` (a late apply, torch loaded): what torch uses at this moment, the environment's
     string and the program's runtime setter calls, is what the options are merged into, with
     the same precedence; a runtime ``expandable_segments:False`` is the program's refusal.
+    The setter gets that full string; the environment, which only children read, gets the
+    rule's options merged into its own string (``_for_children``).
     """
     ours, warnings, notes = _gate(policy.options_for(rule), torch, platform, late)  # 1
     env_before = {name: env[name] for name in ALL_VARS if name in env}
@@ -418,6 +439,7 @@ def resolve(
     existing = env_before.get(read_var, "") if read_var else ""
     override = policy.on_conflict.value == "override"
     state = _Resolving(rule, env, torch, read_var, existing, [], ours, override, warnings, notes)
+    state.departures.extend(warnings)  # 1's: options this torch cannot take
     several = _several_vars(env_before, read_var, torch)
     if several is None and read_var is None and env_before:
         warnings.append(_ignored_vars(env_before, torch))
@@ -427,7 +449,7 @@ def resolve(
         try:
             state.pairs = allocconf.parse(existing)
         except allocconf.ConfError as exc:
-            warnings.append(_unparseable(read_var, existing, rule.name, exc))
+            state.depart(_unparseable(read_var, existing, rule.name, exc))
             return _finish(state, entry, several, existing, {}, None)
     _drop_ignored_by_backend(state)  # 3
     _drop_size_clashes(state)  # 4
@@ -438,8 +460,27 @@ def resolve(
     base = existing if state.base is None else state.base
     if not state.ours or value == base:
         return _finish(state, entry, several, base, {}, setter if late else None)
+    if state.base is not None:  # late: torch gets ``value``, the children their own string
+        children = _for_children(state)
+        writes = {}
+        if children is not None and children != existing:
+            writes = _writes(read_var, env_before, existing, children)
+        return _finish(state, entry, several, value, writes, setter, children)
     writes = _writes(read_var, env_before, existing, value)
     return _finish(state, entry, several, value, writes, setter if late else None)
+
+
+def _for_children(state: _Resolving) -> str | None:
+    """Step 7 of a late apply: what the program's children get, the environment's string
+    (what the program put there, even after ``import torch``) with the rule's options merged
+    in as at start-up; never what the program set for itself through the setter. None where
+    the environment's string cannot take them (left as it is: a child decides for itself)."""
+    try:
+        merged, _ = allocconf.merge(allocconf.parse(state.existing), state.ours, state.override)
+        allocconf.check_options(merged)
+    except allocconf.ConfError:
+        return None
+    return allocconf.serialize(merged)
 
 
 def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
@@ -494,7 +535,8 @@ def _drop_ignored_by_backend(state: _Resolving) -> None:
     del state.ours[SEGMENTS]
     from_env = allocconf.last_value(state.pairs, "backend") == backend
     origin = state.set_by("backend") if from_env else f"rule {state.rule.name}"
-    state.warnings.append(
+    say = state.depart if from_env else state.warnings.append
+    say(
         f"autoalloc: {origin} selects backend:{backend}, where expandable_segments has no effect; "
         "autoalloc does not add it"
     )
@@ -517,7 +559,7 @@ def _drop_size_clashes(state: _Resolving) -> None:
     dropped = [f"{k}:{state.ours.pop(k)}" for k in _SIZES if k in state.ours]
     if dropped:
         them = "them" if len(dropped) > 1 else "it"
-        state.warnings.append(
+        state.depart(
             f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
             f"{_in_effect_text(state)} would be rejected by torch ({problem}); "
             f"autoalloc does not add {them}"
@@ -546,7 +588,7 @@ def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:
                 f'(on_conflict = "override" in {conflict_from})'
             )
         else:
-            state.warnings.append(
+            state.depart(
                 f"autoalloc: {var} sets {key}:{env_value}, rule {name} wants {key}:{ours}; "
                 f'keeping {key}:{env_value} (set on_conflict = "override" to replace it)'
             )
@@ -594,8 +636,13 @@ def _finish(
     value: str,
     writes: dict[str, str],
     setter: str | None,
+    marked: str | None = None,
 ) -> Decision:
-    """The ``apply`` Decision: the several-variables warning first, the marks written last."""
+    """The ``apply`` Decision: the several-variables warning first, the marks written last.
+
+    ``marked``: the string the children find in the environment, where it is not ``value``
+    (a late apply), for ``AUTOALLOC_APPLIED``: a child that finds it knows it as the job's.
+    """
     env, read_var = state.env, state.read_var
     env_before = {name: env[name] for name in ALL_VARS if name in env}
     warnings = state.warnings
@@ -611,7 +658,7 @@ def _finish(
         writes[ORIGINAL_VAR] = json.dumps(
             {name: env_before.get(name) for name in writes}, sort_keys=True
         )
-    writes[APPLIED_VAR] = f"{state.rule.name};{value}"
+    writes[APPLIED_VAR] = f"{state.rule.name};{value if marked is None else marked}"
     current = env.get(read_var, "") if read_var else ""
     if state.base is not None:  # late: torch's string now, not the environment's
         current = state.base
@@ -630,4 +677,5 @@ def _finish(
         setter_value=setter if value != current else None,
         warnings=tuple(warnings),
         notes=tuple(state.notes),
+        departures=tuple(state.departures),
     )

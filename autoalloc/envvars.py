@@ -37,6 +37,9 @@ Flag = Literal["on", "off", "unclear"]
 # Global rank of a process that a job launcher started (torchrun, srun, mpirun, MPICH/Hydra),
 # first one set wins; LOCAL_RANK and WORLD_SIZE complete what a report records.
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# The node of a job on several nodes and a process's rank on it, as pairs: torchrun's (its
+# agent sets them for its workers), then SLURM's, first pair set wins.
+NODE_VARS = (("GROUP_RANK", "LOCAL_RANK"), ("SLURM_NODEID", "SLURM_LOCALID"))
 REPORTED_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
                       "PMI_RANK")
 
@@ -83,6 +86,20 @@ def global_rank(ranks: dict[str, int] | None = None) -> int | None:
         value = os.environ.get(name, "").strip()
         if value:
             return int(value) if value.isdigit() else None
+    return None
+
+
+def node_speaker() -> int | None:
+    """The node this process speaks for: its number where the process is the first of its
+    node (local rank 0) on a node other than the job's first (which holds global rank 0);
+    None elsewhere, or for a value that is not a number."""
+    for node_var, local_var in NODE_VARS:
+        node = os.environ.get(node_var, "").strip()
+        if node:
+            local = os.environ.get(local_var, "").strip()
+            if node.isdigit() and int(node) and local.isdigit() and not int(local):
+                return int(node)
+            return None
     return None
 
 

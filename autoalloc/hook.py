@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import field, replace
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -85,11 +86,15 @@ def _retire(watcher) -> None:
         sys.meta_path = [f for f in sys.meta_path if f is not watcher]
 
 
-def before_exec(module: ModuleType, imported: set[str]) -> None:
+def before_exec(
+    module: ModuleType, imported: set[str], elsewhere: AbstractSet[str] = frozenset()
+) -> None:
     """Right before a watched module executes: for torch, decide and write the environment.
 
     ``imported``: ``sys.modules`` as the program left it, before autoalloc imported anything
     of its own for the decision (platformdirs, tomllib, ...): those are not the program's.
+    ``elsewhere``: the names other threads of the program have looked up since (their
+    imports, still the program's), filled in while the decision runs.
     """
     if module.__name__ in STATE.evidence_names:
         _note_importer(module.__name__)
@@ -103,7 +108,7 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
     info = torchinfo.from_spec(module.__spec__)
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
     STATE.plan = plan(entry, os.environ, cwd, info, imported, argv=getattr(sys, "argv", None))
-    STATE.own = frozenset(sys.modules.keys() - imported)
+    STATE.own = frozenset(sys.modules.keys() - imported - elsewhere)
     commit(STATE.plan.decision)
     watcher = _watcher()
     if watcher is not None and STATE.decision.action == "none" and STATE.policy is not None:
@@ -112,6 +117,9 @@ def before_exec(module: ModuleType, imported: set[str]) -> None:
         if dead:  # already in sys.modules: the program's import of them executes nothing
             messages.debug(f"imports {sorted(dead)} cannot trigger: autoalloc imported them")
         watcher.names |= pending - dead
+        # imported by another thread while autoalloc decided: it has executed, so it triggers now
+        for name in sorted(pending & frozenset(elsewhere) & sys.modules.keys()):
+            _on_trigger(watcher, name)
 
 
 def after_exec(module: ModuleType, imported: set[str]) -> None:
@@ -392,14 +400,17 @@ def commit(decision: Decision, when: str = "import torch") -> None:
             f"{STATE.setter_error}"
         )
     program = STATE.plan.program if STATE.plan is not None else None
+    node = set(decision.departures)  # also said by the first process of each further node
     if many_node_agent(program, os.environ):
         # One agent per node: none of them knows whether its node holds global rank 0, so
         # each leaves the job's warnings to its workers, where only global rank 0 speaks.
-        _defer(messages.not_yet_said(said, mark=False))
+        _defer(messages.not_yet_said(said, mark=False), node)
     else:
         skip = _torch_frames()
-        for message in messages.not_yet_said([*said, *_deferred()]):
-            messages.warn(message, skip=skip)
+        deferred = _deferred()
+        node.update(text for text, own in deferred if own)
+        for message in messages.not_yet_said([*said, *(text for text, _ in deferred)]):
+            messages.warn(message, skip=skip, node=message in node)
     messages.debug(decision.summary())
     for note in decision.notes:
         messages.debug(f"note: {note}")
@@ -427,20 +438,30 @@ def many_node_agent(program: Unwrapped | None, env: Mapping[str, str]) -> bool:
     return value is not None and value.strip() not in ("1", "1:1")
 
 
-def _defer(fresh: list[str]) -> None:
+def _defer(fresh: list[str], node: set[str]) -> None:
+    """Leave ``fresh`` to the workers: a string for global rank 0 to say, ``{"node": text}``
+    for a warning of what this node reads for itself (its first worker says it too)."""
     if fresh:
-        os.environ[DEFERRED_VAR] = json.dumps([*_deferred(keep=True), *fresh])
+        left = [{"node": m} if m in node else m for m in fresh]
+        kept = [{"node": m} if own else m for m, own in _deferred(keep=True)]
+        os.environ[DEFERRED_VAR] = json.dumps([*kept, *left])
         messages.debug(f"multi-node agent: {len(fresh)} warning(s) left to global rank 0")
 
 
-def _deferred(keep: bool = False) -> list[str]:
-    """The warnings a multi-node agent left to its workers (taken out of the environment)."""
+def _deferred(keep: bool = False) -> list[tuple[str, bool]]:
+    """The warnings a multi-node agent left to its workers (taken out of the environment),
+    each with whether it is its node's own."""
     raw = os.environ.get(DEFERRED_VAR) if keep else os.environ.pop(DEFERRED_VAR, None)
     try:
         value = json.loads(raw) if raw else []
     except ValueError:
         return []
-    return [m for m in value if isinstance(m, str)] if isinstance(value, list) else []
+    out = []
+    for item in value if isinstance(value, list) else ():
+        text = item.get("node") if isinstance(item, dict) else item
+        if isinstance(text, str):
+            out.append((text, isinstance(item, dict)))
+    return out
 
 
 def _call_setter(value: str, rule: str | None) -> str | None:

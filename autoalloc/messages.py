@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterable
 
-from autoalloc.envvars import DEBUG_VAR, WARNED_VAR, global_rank, truthy
+from autoalloc.envvars import DEBUG_VAR, WARNED_VAR, global_rank, node_speaker, truthy
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -154,19 +154,31 @@ def not_yet_said(messages: list[str], mark: bool = True) -> list[str]:
     return fresh
 
 
-def warn(message: str, stacklevel: int | None = None, skip: tuple[str, ...] = ()) -> None:
-    """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:`` (on global rank 0)."""
+def warn(
+    message: str, stacklevel: int | None = None, skip: tuple[str, ...] = (), node: bool = False
+) -> None:
+    """Emit one ``AutoallocWarning`` whose text starts with ``autoalloc:`` (on global rank 0).
+
+    ``node``: a warning from what this node reads for itself (its environment, its policy
+    files, its torch), which global rank 0, on another node, cannot see: the first process of
+    each further node says it too, naming its node.
+    """
     try:
         # Every rank of a job that a launcher started on its own (srun, mpirun, torchrun)
         # decides the same, so only global rank 0 speaks, as distributed trainers do.
         rank = global_rank()
-        if rank:
+        speaker = node_speaker() if rank and node else None
+        if rank and speaker is None:
             debug(f"rank {rank}, not warning (rank 0 does): {message}")
             return
         apply_warnoptions()
         message = printable(message)
         if not message.startswith("autoalloc:"):
             message = f"autoalloc: {message}"
+        if speaker is not None:
+            host = printable(os.uname().nodename if hasattr(os, "uname") else "?")
+            rest = message[len("autoalloc:"):].lstrip()
+            message = f"autoalloc: on node {speaker} ({host}) of this job: {rest}"
         level = user_frame(skip)[0] if stacklevel is None else stacklevel + 1
         warnings.warn(message, AutoallocWarning, stacklevel=level)
     except Exception:  # `-W error` must not turn our advice into the host's crash

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from autoalloc import allocconf
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.policy import Source, compose, validate
+from autoalloc.policy import LayerStatus, Source, compose, validate
 from autoalloc.torchinfo import TorchInfo, parse_version_file
 from tests.helpers import policy_of
 
@@ -138,3 +140,23 @@ def test_child_denied_by_a_skip_rule_gets_the_original_variables_back() -> None:
     assert child.value == "garbage_collection_threshold:0.5" and child.read_var == "PYTORCH_ALLOC_CONF"
     # a child the policy does not deny keeps what it inherited
     assert decide(policy(), EntryPoint("code"), child_env, CUDA).action == "inherited"
+
+
+def test_departures_are_the_warnings_from_what_a_node_reads_for_itself() -> None:
+    # a node whose own variable keeps a key: it does not get what the rule asks for
+    off = decide(policy(), TRAIN, {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}, CUDA)
+    assert off.departures == off.warnings and len(off.warnings) == 1
+    # the same options on every node, only a remark on their combination: global rank 0's
+    split = decide(policy(), TRAIN, {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"}, CUDA)
+    assert len(split.warnings) == 1 and split.departures == ()
+    old = decide(policy(), TRAIN, {}, TorchInfo("2.0.1+cu118", cuda="11.8"))  # its own torch
+    assert old.departures == old.warnings and "needs torch >= 2.1" in old.warnings[0]
+    # a user policy file that could not be used is the node's; the project's is the job's
+    project = policy()
+    layers = (LayerStatus("user", "/home/u/.config/autoalloc/config.toml", "error", "bad TOML"),
+              LayerStatus("project", "/w/autoalloc.toml", "error", "bad TOML"))
+    broken = decide(replace(project, layers=layers), TRAIN, {}, CUDA)
+    assert len(broken.warnings) == 2
+    assert broken.departures == (broken.warnings[0],) and "user policy" in broken.warnings[0]
+    none = decide(replace(project, layers=layers), EntryPoint("code"), {}, CUDA)
+    assert none.action == "none" and none.departures == broken.departures

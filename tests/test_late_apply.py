@@ -25,8 +25,10 @@ TRAINING_RULE = '[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n
 TRIGGER_RULE = '[[rules]]\nname = "kit"\nimports = ["mykit"]\n'
 # The program: its own allocator settings at run time, then the moment autoalloc decides late.
 PROGRAM = """
-    import json, sys
+    import json, os, sys
     import torch
+    if "setenv" in sys.argv:  # for the program's subprocesses, after torch read its own
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:4"
     for value in {settings!r}:
         torch.cuda.memory._set_allocator_settings(value)
     if "optimizer" in sys.argv:
@@ -41,7 +43,7 @@ def _run(sandbox: Sandbox, policy: str, step: str, setting: str = PROGRAM_SETS,
     sandbox.user_policy(policy)
     sandbox.write("mykit.py", "")
     sandbox.script("train.py", PROGRAM.format(settings=setting.split(";")))
-    result = sandbox.run(["train.py", step], env=env, python=python)
+    result = sandbox.run(["train.py", *step.split()], env=env, python=python)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     return probe_result(result.stdout), result
@@ -144,6 +146,21 @@ def test_runtime_options_stay_under_a_late_apply(
     assert probe["getter"] == f"{PROGRAM_SETS},{ES}", result.stderr
     _snapshot_check(probe, True, 256)
     assert "via the runtime setter" in result.stderr
+    # what the program set through the setter was for itself: its children get the rule's only
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == ES
+    assert probe["applied"].endswith(f";{ES}")
+
+
+def test_a_late_apply_merges_into_what_the_program_put_in_the_environment(
+    sandbox: Sandbox,
+) -> None:
+    # after import torch the program sets its children's variable, and its own options through
+    # the setter: torch gets both under the rule's; the children get theirs plus the rule's
+    probe, result = _run(sandbox, TRAINING_RULE, "optimizer setenv")
+    assert probe["getter"] == f"{PROGRAM_SETS},{ES}", result.stderr
+    children = f"roundup_power2_divisions:4,{ES}"
+    assert probe["env"]["PYTORCH_CUDA_ALLOC_CONF"] == children
+    assert probe["applied"] == f"mine;{children}"  # a child finds it and knows it as the job's
 
 
 def test_runtime_options_beat_the_environment(sandbox: Sandbox, torch_python: str) -> None:

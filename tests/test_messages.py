@@ -9,12 +9,14 @@ what to run to check a job.
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
-from autoalloc import __version__, cli, decide, schema, sources
+from autoalloc import __version__, cli, decide, messages, schema, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.explain import explain, render
 from autoalloc.policy import LayerConfig, Source, salvage, summarize, validate
@@ -341,3 +343,38 @@ def test_many_mistyped_keys_look_for_few_close_matches(
     assert len(calls) <= 2 * schema.HINTED
     # the problems shown still say what was meant
     assert "did you mean" in status.message
+
+
+# -- a job on several nodes: global rank 0 speaks, and each further node for what is its own ---
+
+
+@pytest.mark.parametrize(
+    ("env", "node", "said"),
+    [
+        ({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0"}, True, "autoalloc: x"),
+        ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, True, "autoalloc: on node 1 ("),
+        ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "1"}, False, None),  # the job's: rank 0
+        ({"RANK": "3", "LOCAL_RANK": "1", "GROUP_RANK": "1"}, True, None),  # rank 2 says it
+        ({"RANK": "1", "LOCAL_RANK": "1", "GROUP_RANK": "0"}, True, None),  # rank 0's node
+        ({"SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"}, True,
+         "autoalloc: on node 1 ("),
+        ({"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"}, True, None),
+        ({"RANK": "2", "LOCAL_RANK": "0", "GROUP_RANK": "x"}, True, None),
+    ],
+)
+def test_a_nodes_own_warning_is_said_by_its_first_process(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], node: bool, said: str | None
+) -> None:
+    launched = [n for n in os.environ if n.startswith(("SLURM_", "OMPI_", "PMI_"))]
+    for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", *launched):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        messages.warn("autoalloc: x", node=node)
+    shown = [str(w.message) for w in caught if w.category is messages.AutoallocWarning]
+    if said is None:
+        assert shown == []
+    else:
+        assert len(shown) == 1 and shown[0].startswith(said) and shown[0].endswith(" x")

@@ -74,7 +74,10 @@ def report_table(sandbox: Sandbox) -> str:
     return shown.stdout
 
 
-def run_torchrun_nodes(sandbox: Sandbox, skip_on_node_1: bool) -> list[tuple[int, str, str]]:
+def run_torchrun_nodes(
+    sandbox: Sandbox, skip_on_node_1: bool, node_1: dict[str, str] | None = None
+) -> list[tuple[int, str, str]]:
+    """Both nodes' launchers, to the end; ``node_1``: what node 1's environment has of its own."""
     sandbox.write("wenet/wenet/bin/train.py", WORKER)
     port = free_port()
     nodes = []
@@ -89,7 +92,7 @@ def run_torchrun_nodes(sandbox: Sandbox, skip_on_node_1: bool) -> list[tuple[int
             subprocess.Popen(
                 args,
                 cwd=sandbox.work / "wenet",
-                env=node_env(sandbox, node, skip_on_node_1),
+                env={**node_env(sandbox, node, skip_on_node_1), **((node_1 or {}) if node else {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -135,6 +138,22 @@ def test_torchrun_two_nodes_with_differing_policies_name_the_ranks_once(
         and "3 (" in differ[0]
         and "skip (rule node-local-skip)" in differ[0]
     )
+
+
+def test_torchrun_a_node_whose_own_environment_departs_says_so_once(sandbox: Sandbox) -> None:
+    # node 1's own environment keeps expandable segments off: its agent's warning goes to its
+    # workers, where no worker holds global rank 0; the node's first worker says it, once
+    off = "expandable_segments:False"
+    results = run_torchrun_nodes(sandbox, False, {"PYTORCH_CUDA_ALLOC_CONF": off})
+    for code, _, stderr in results:
+        assert code == 0, stderr
+    (line,) = [x for _, out, _ in results for x in out.splitlines() if x.startswith("RANKS ")]
+    by_node = {r["node"]: r["getter"] for r in json.loads(line.split(" ", 1)[1])}
+    assert by_node == {"0": MERGED, "1": off}
+    node0, node1 = (autoalloc_warnings(err) for _, _, err in results)
+    assert len(node0) == 1 and "max_split_size_mb" in node0[0]  # global rank 0: node 0's own
+    assert len(node1) == 1, node1  # rank 2 (local rank 0 of node 1), not rank 3
+    assert "on node 1 (" in node1[0] and f"sets {off}, rule wenet-train wants" in node1[0]
 
 
 def srun_tasks(sandbox: Sandbox, skip_on_node_1: bool) -> list[subprocess.CompletedProcess[str]]:

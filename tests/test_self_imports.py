@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from autoalloc.selfimports import SELF_IMPORTS, never_triggers
-from tests.helpers import Sandbox, assert_untouched
+from tests.helpers import Sandbox, assert_applied, assert_untouched
 
 POLICY = """\
 [[rules]]
@@ -80,3 +80,59 @@ not_imports_unless = ["platformdirs"]
     sandbox.script("train.py", "import torch\n")
     explain = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", "train.py"])
     assert len(json.loads(explain.stdout)["never_triggers"]) == 3, explain.stdout
+
+
+# The program's main thread imports torch; while autoalloc decides (paused, deterministically,
+# at the execution of autoalloc.hook, after the program's modules were counted), another thread
+# of the program imports the trigger. Blocking in exec_module, not in find_spec: importlib holds
+# its global lock around find_spec, where the other thread's import would wait for it.
+THREADED = """
+import sys, threading
+from importlib.machinery import PathFinder
+
+go, done = threading.Event(), threading.Event()
+
+class Paused:
+    def __init__(self, loader):
+        self.loader = loader
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+    def exec_module(self, module):
+        go.set()
+        assert done.wait(60)
+        self.loader.exec_module(module)
+
+class Gate:
+    def find_spec(self, name, path=None, target=None):
+        if name != "autoalloc.hook" or go.is_set():
+            return None
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        spec = PathFinder.find_spec(name, path)
+        spec.loader = Paused(spec.loader)
+        return spec
+
+def other():
+    assert go.wait(60)
+    import asrkit
+    done.set()
+
+sys.meta_path.insert(0, Gate())
+thread = threading.Thread(target=other)
+thread.start()
+import torch
+thread.join()
+from autoalloc import hook
+print("PAUSED " + str(go.is_set() and "asrkit" not in hook.STATE.own))
+"""
+
+
+def test_a_module_another_thread_imports_while_autoalloc_decides_is_the_programs(
+    sandbox: Sandbox,
+) -> None:
+    sandbox.write("autoalloc.toml", '[[rules]]\nname = "kit"\nimports = ["asrkit"]\n')
+    site = sandbox.write(sandbox.root / "site" / "asrkit" / "__init__.py", "").parent.parent
+    script = sandbox.script("train.py", THREADED)
+    result = sandbox.run([str(script)], env={"PYTHONPATH": str(site)})
+    assert_applied(result, "kit")  # the trigger fired: its import was the program's
+    assert "PAUSED True" in result.stdout
