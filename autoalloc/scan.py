@@ -77,13 +77,36 @@ def scan(
     """Read ``script`` and its own modules; ``FileNotFoundError`` if it does not exist."""
     if not os.path.isfile(script):
         raise FileNotFoundError(script)
-    roots = tuple(dict.fromkeys([os.path.dirname(os.path.abspath(script)), cwd]))
+    roots = _roots(os.path.abspath(script), cwd, libraries)
     reader = _Reader(roots, libraries, time.monotonic() + budget_s)
     reader.read(os.path.abspath(script))
     for path in _yaml_files(args, cwd, reader.strings):
         reader.config(path)
     return Scan(script, reader.names, reader.optimizer, tuple(dict.fromkeys(reader.unknown)),
                 tuple(reader.done), tuple(reader.configs), reader.complete)
+
+
+_CHECKOUT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
+
+
+def _roots(script: str, cwd: str, libraries: tuple[str, ...]) -> tuple[str, ...]:
+    """Where the program's own modules are imported from: the script's folder, the working
+    directory, the checkout's root above the script (and its ``src``), and the own folders
+    on ``sys.path`` (editable installs)."""
+    import sys
+
+    roots = [os.path.dirname(script), cwd]
+    here = os.path.dirname(script)
+    for _ in range(12):
+        if any(os.path.exists(os.path.join(here, m)) for m in _CHECKOUT_MARKERS):
+            roots += [here, os.path.join(here, "src")]
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    roots += [p for p in sys.path if p and is_own_file(os.path.join(p, "x.py"), libraries)]
+    return tuple(r for r in dict.fromkeys(roots) if os.path.isdir(r))
 
 
 def _yaml_files(args: Sequence[str], cwd: str, strings: Iterable[tuple[str, str]]) -> list[str]:
@@ -110,6 +133,7 @@ class _Reader:
         self.done: list[str] = []
         self.configs: list[str] = []
         self.strings: list[tuple[str, str]] = []
+        self.trainers: set[str] = set()  # the program's own trainer classes
         self.complete = True
 
     def _budget(self) -> bool:
@@ -129,23 +153,39 @@ class _Reader:
                 queue += self._visit(tree, path)
 
     def _visit(self, tree: ast.AST, path: str) -> list[str]:
-        """Record what the file imports and does; the own files it imports, to read next."""
-        where = os.path.basename(path)
+        """Record what the file imports and does; the own files it imports, to read next.
+
+        The entry script's imports count wherever they are; another own module's, at module
+        level only (a function's import runs only if it is called), though the own modules
+        its functions import are read too (a factory importing the model it builds)."""
+        where, entry = os.path.basename(path), not self.done[1:]
         bound: dict[str, str] = {}  # local name -> what it stands for
+        top = _module_level(tree)
         own: list[str] = []
         for node in ast.walk(tree):
             line = f"{where}:{getattr(node, 'lineno', 0)}"
-            for name, alias in _imported(node, path):
-                bound[alias] = name
-                self._add(name, line)
+            for name, alias in _imported(node):
+                if alias:
+                    bound[alias] = name
+                if entry or node in top:
+                    self._add(name, line)
                 own += self._own_files(name, path)
             own += _relative_files(node, path)
+            self._note_class(node, bound)
             self._note_call(node, bound, line)
-            if isinstance(node, ast.FunctionDef) and node.name == "configure_optimizers":
-                self._optimizer(f"Lightning's configure_optimizers at {line}")
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 self.strings.append((node.value, os.path.dirname(path)))
         return own
+
+    def _note_class(self, node: ast.AST, bound: dict[str, str]) -> None:
+        """A class of the program's that subclasses an HF/TRL trainer is a trainer too."""
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                called = _dotted(base, bound) or ""
+                hf = called.startswith(("transformers.", "trl."))
+                if (hf and called.rpartition(".")[2] in TRAINERS) or called in self.trainers:
+                    self.trainers.add(node.name)
+                    bound.setdefault(node.name, node.name)
 
     def _add(self, name: str, where: str) -> None:
         self.names.setdefault(name, where)
@@ -160,13 +200,17 @@ class _Reader:
     def _note_call(self, node: ast.AST, bound: dict[str, str], where: str) -> None:
         if not isinstance(node, ast.Call):
             return
+        if _getattr_of(node.func, bound) == "torch.optim":  # getattr(torch.optim, name)(...)
+            self._optimizer(f"getattr(torch.optim, ...) at {where}")
+            return
         called = _dotted(node.func, bound)
         if called is None:
             return
         last = called.rpartition(".")[2]
         if last in OPTIMIZERS and ("optim" in called or called == bound.get(last)):
             self._optimizer(f"{called} at {where}")
-        elif last in TRAINERS and called.startswith(("transformers", "trl")):
+        elif (last in TRAINERS and called.startswith(("transformers", "trl"))) or \
+                called in self.trainers:
             self._optimizer(f"{called} at {where} (it builds the optimizer)")
         elif called in ("deepspeed.initialize",):
             self._optimizer(f"deepspeed.initialize at {where}")
@@ -231,7 +275,7 @@ def imports_in(
             break
         tree = _parse(path)
         for node in ast.walk(tree) if tree is not None else ():
-            for name, _ in _imported(node, path):
+            for name, _ in _imported(node):
                 hit = next((w for w in prefixes(name) if w in left), None)
                 if hit is not None:
                     found[hit] = f"{path}:{getattr(node, 'lineno', 0)}"
@@ -257,17 +301,48 @@ def _parse(path: str) -> ast.AST | None:
         return None
 
 
-def _imported(node: ast.AST, path: str) -> Iterator[tuple[str, str]]:
-    """(dotted name, local alias) for each name an absolute import statement binds (a relative
-    import names the program's own modules: ``_relative_files`` follows it)."""
+def _imported(node: ast.AST) -> Iterator[tuple[str, str | None]]:
+    """(dotted name, the local name it binds or None) for each name an absolute import
+    statement names (a relative import names the program's own modules: ``_relative_files``
+    follows it). ``from a.b import c`` binds ``c`` alone, ``import a.b`` binds ``a``."""
     if isinstance(node, ast.Import):
         for alias in node.names:
-            yield alias.name, alias.asname or alias.name.partition(".")[0]
+            if alias.asname:
+                yield alias.name, alias.asname
+            else:
+                top = alias.name.partition(".")[0]
+                yield alias.name, top if top == alias.name else None
+                if top != alias.name:
+                    yield top, top
     elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-        yield node.module, node.module.partition(".")[0]
+        yield node.module, None
         for alias in node.names:
             if alias.name != "*":
                 yield f"{node.module}.{alias.name}", alias.asname or alias.name
+
+
+def _module_level(tree: ast.AST) -> set[ast.AST]:
+    """The statements that run when the module is imported: its body, and inside ``if``,
+    ``try`` and ``with`` blocks there."""
+    out: set[ast.AST] = set()
+    todo = list(getattr(tree, "body", []))
+    while todo:
+        node = todo.pop()
+        out.add(node)
+        if isinstance(node, (ast.If, ast.Try, ast.With)):
+            for key in ("body", "orelse", "finalbody"):
+                todo += getattr(node, key, [])
+            for handler in getattr(node, "handlers", []):
+                todo += handler.body
+    return out
+
+
+def _getattr_of(func: ast.AST, bound: dict[str, str]) -> str | None:
+    """``x.y`` for a call of ``getattr(x.y, ...)`` (the callee of ``getattr(...)(...)``)."""
+    if isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.args:
+        if func.func.id == "getattr":
+            return _dotted(func.args[0], bound)
+    return None
 
 
 def _relative_files(node: ast.AST, path: str) -> list[str]:

@@ -20,12 +20,27 @@ from tests.helpers import Sandbox, probe_result
 LIBS = ("/nonexistent-lib/",)
 
 
-def _scan(tmp_path: Path, files: dict[str, str], args: tuple[str, ...] = ()) -> scan.Scan:
+def _scan(
+    tmp_path: Path, files: dict[str, str], args: tuple[str, ...] = (), script: str = "train.py"
+) -> scan.Scan:
     for name, text in files.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(text))
-    return scan.scan(str(tmp_path / "train.py"), args, str(tmp_path), LIBS)
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir(exist_ok=True)
+    return scan.scan(str(tmp_path / script), args, str(cwd if script != "train.py" else tmp_path),
+                     LIBS)
+
+
+def test_own_packages_are_found_at_the_checkout_root_and_under_src(tmp_path: Path) -> None:
+    (tmp_path / ".git").mkdir()
+    found = _scan(tmp_path, {
+        "examples/asr/train.py": "import slam_llm.pipeline\n",
+        "src/slam_llm/__init__.py": "",
+        "src/slam_llm/pipeline.py": "import soundfile\n",
+    }, script="examples/asr/train.py")
+    assert found.names["soundfile"] == "pipeline.py:1"
 
 
 def test_imports_with_their_lines_and_own_modules_followed(tmp_path: Path) -> None:
@@ -38,9 +53,11 @@ def test_imports_with_their_lines_and_own_modules_followed(tmp_path: Path) -> No
                 import soundfile as sf
         """,
         "mylib/__init__.py": "",
-        "mylib/data.py": "import sentencepiece\nfrom .text import T\n",
+        "mylib/data.py": "import sentencepiece\nfrom .text import T\n"
+                         "def later():\n    import librosa\n",
         "mylib/text.py": "import jiwer\n",
     })
+    assert "librosa" not in found.names  # a helper's function-level import runs only if called
     assert found.names["soundfile"] == "train.py:6"  # inside a function: the run imports it too
     assert found.names["sentencepiece"] == "data.py:1"
     assert found.names["jiwer"] == "text.py:1"  # a relative import of an own module, followed
@@ -67,8 +84,16 @@ def test_hugging_face_model_classes_name_their_model_package(tmp_path: Path) -> 
         ("import torch\nopt = torch.optim.AdamW([])", "torch.optim.AdamW at train.py:2"),
         ("from torch.optim import SGD as S\nS([])", "torch.optim.SGD at train.py:2"),
         ("from torch import optim\noptim.Adam([])", "torch.optim.Adam at train.py:2"),
-        ("class M:\n    def configure_optimizers(self):\n        pass",
-         "Lightning's configure_optimizers at train.py:2"),
+        # a LightningModule alone is not training (inference scripts load one): its .fit is
+        ("import lightning as L\nclass M(L.LightningModule):\n    def configure_optimizers(s):"
+         "\n        pass", None),
+        ("import lightning as L\nt = L.Trainer()\nt.fit(None)",
+         ".fit() at train.py:3 (the trainer builds the optimizer)"),
+        ("import torch\nopt = getattr(torch.optim, 'Adam')([])",
+         "getattr(torch.optim, ...) at train.py:2"),
+        ("from transformers import Trainer\nclass CTCTrainer(Trainer):\n    pass\nCTCTrainer()",
+         "CTCTrainer at train.py:4 (it builds the optimizer)"),
+        ("from torch.utils.data import optim\nimport torch\nfrom x.y import Adam\n", None),
         ("from transformers import Seq2SeqTrainer\nt = Seq2SeqTrainer()",
          "transformers.Seq2SeqTrainer at train.py:2 (it builds the optimizer)"),
         ("import deepspeed\ndeepspeed.initialize()", "deepspeed.initialize at train.py:2"),
