@@ -15,7 +15,7 @@ from autoalloc import __version__, sources
 from autoalloc.envvars import CONFIG_VAR
 
 if TYPE_CHECKING:
-    from autoalloc.policy import LayerStatus, Rule
+    from autoalloc.policy import LayerConfig, LayerStatus, Rule
 
 HEADER = """\
 # autoalloc policy (WHERE). Everything below is commented out: this file changes nothing
@@ -212,19 +212,24 @@ def _init_pyproject(directory: str) -> int:
     return 0
 
 
-def _check_file(path: str, known: frozenset[str]) -> list[str]:
+def _check_file(
+    path: str, known: frozenset[str], layers: Sequence[LayerStatus] = ()
+) -> list[str]:
     """What is wrong with one policy file (nothing: it is valid, and says so); ``known``:
-    the rule names of the other layers, which its ``disable`` and ``enable`` may name."""
+    the rule names of the other layers, which its ``disable`` and ``enable`` may name;
+    ``layers``: the layers read here, whose module sets below it its rules may use."""
     if os.path.basename(path) == "pyproject.toml":
         beside = os.path.join(os.path.dirname(path), "autoalloc.toml")
         if os.path.isfile(beside) and sources.shadowed_table(beside) is not None:
             return [sources.shadow_note(of_pyproject=True)]
-    problems = _file_problems(path, known)
+    problems = _file_problems(path, known, layers)
     shadowed = sources.shadowed_table(path)
     return problems + ([sources.shadow_note()] if shadowed is not None else [])
 
 
-def _file_problems(path: str, known: frozenset[str]) -> list[str]:
+def _file_problems(
+    path: str, known: frozenset[str], layers: Sequence[LayerStatus] = ()
+) -> list[str]:
     from autoalloc.policy import PolicyError, Source, salvage, unknown_switches
 
     layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
@@ -243,17 +248,34 @@ def _file_problems(path: str, known: frozenset[str]) -> list[str]:
         config, problems = salvage(table, Source(layer, path), allow_trust=layer != "project")
     except PolicyError as exc:
         return [f"{exc}; the file is ignored"]
+    config, linked = _linked(config, layers)
     names = known | {rule.name for rule in config.rules}
     problems = [
         *sources.pyproject_problems(path, data),
         *unknown_switches(config, names, _wrapper_names),
         *problems,
+        *linked,
         *_dead_triggers(config.rules),
     ]
     if not problems and sources.shadowed_table(path) is None:
         count = len(config.rules)
         print(f"ok     {path}  ({count} rule{'' if count == 1 else 's'})")
     return list(problems)
+
+
+def _linked(config: LayerConfig, layers: Sequence[LayerStatus]) -> tuple[LayerConfig, list[str]]:
+    """``config`` with its references to the module sets of the ``layers`` below its own
+    expanded, and a sentence for each it could not expand."""
+    from autoalloc.modulesets import link
+    from autoalloc.policy import LAYERS
+
+    if not config.pending:
+        return config, []
+    rank = LAYERS.index(config.source.layer)  # type: ignore[arg-type]
+    below = [layer.config for layer in layers if layer.config is not None
+             and LAYERS.index(layer.layer) < rank]  # fmt: skip
+    *_, (linked, problems) = link([*below, config])
+    return linked, [problem.sentence() for problem in problems]
 
 
 def _wrapper_names() -> frozenset[str]:
@@ -280,7 +302,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         failed += 1
         print(f"error  {DISABLE_VAR}: {unclear.removeprefix('autoalloc: ')}")
     for path in paths:
-        errors = _check_file(path, known)
+        errors = _check_file(path, known, layers)
         failed += bool(errors)
         for error in errors:
             print(f"error  {path}: {error}")

@@ -66,7 +66,7 @@ _ALLOWED = frozenset(
 # the modules whose code decides what a validated layer holds
 _CODE = (
     "policy", "schema", "problems", "globs", "wrappers", "allocconf", "messages", "sources",
-    "layercache", "records",
+    "layercache", "records", "modulesets",
 )
 
 

@@ -87,6 +87,9 @@ class LayerConfig:
     enable: tuple[str, ...] = ()
     wrappers: tuple[Wrapper, ...] = ()  # programs that run another program (wrappers.toml)
     adaptive: str | None = None
+    # [module_sets], expanded; what a rule's lists refer to ('@name') is expanded in them
+    module_sets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    pending: bool = False  # a rule or set refers to a lower layer's set: ``modulesets.link``
 
 
 @record(frozen=True)
@@ -172,6 +175,8 @@ def _layer(
         enable=settings.get("enable", ()),
         trusted_dirs=settings.get("trusted_dirs", ()),
         wrappers=tuple(Wrapper(layer=source.layer, **w) for w in document.wrappers),
+        module_sets=settings.get("module_sets", {}),
+        pending=document.pending,
     )
     return config, document.problems
 

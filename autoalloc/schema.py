@@ -6,7 +6,9 @@ Every key of a policy file, of its ``[[rules]]`` and of its ``[[wrappers]]`` tab
 becomes one ``Problem`` that says what is wrong and what it costs: a bad top-level setting
 costs that setting, an invalid allocator option that option, any other mistake in a rule or
 a wrapper that rule or wrapper, and the rest of the file applies. The strict reading is the
-same walk, raising the first problem as a ``PolicyError``.
+same walk, raising the first problem as a ``PolicyError``. The walk also expands a rule's
+references to the file's own ``[module_sets]`` (``modulesets``); one to a lower layer's set
+is left for ``modulesets.link``.
 
 Pure: plain TOML data in, plain checked data out. ``policy`` builds its records from it.
 """
@@ -21,6 +23,7 @@ from typing import Any, Literal
 from autoalloc import allocconf
 from autoalloc.allocconf import DEFAULT_ALLOCATOR
 from autoalloc.messages import closest, did_you_mean, meaning, shortened
+from autoalloc.modulesets import REF, REF_KEYS, TABLE, expand, has_ref, lower_set
 from autoalloc.problems import PolicyError, Problem
 from autoalloc.records import record
 
@@ -29,7 +32,7 @@ MAX_STR = 4096
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,99}\Z"
 NAME_RULE = "name must be letters, digits, '-', '_' or '.' (at most 100)"
 
-Kind = Literal["bool", "text", "strings", "paths", "choice", "allocator", "tables"]
+Kind = Literal["bool", "text", "strings", "paths", "choice", "allocator", "tables", "sets"]
 
 
 @record(frozen=True)
@@ -104,6 +107,7 @@ TOP = {
     "enable": _STRINGS,
     "trusted_dirs": _STRINGS,  # user, site and AUTOALLOC_CONFIG files only
     "wrappers": Field("tables"),
+    TABLE: Field("sets"),
 }
 ITEMS = {"rules": RULE, "wrappers": WRAPPER}
 
@@ -127,7 +131,7 @@ def misplaced(document: Mapping[str, Any], mentioned: bool = True) -> list[Probl
         kind = TOP[key].kind
         if key in ITEMS:
             wrote, right = f"[[{key}]]", f"[[tool.autoalloc.{key}]]"
-        elif kind == "allocator":
+        elif kind in ("allocator", "sets"):
             wrote, right = f"[{key}]", f"[tool.autoalloc.{key}]"
         else:
             example = "[...]" if kind == "strings" else "..."
@@ -163,6 +167,8 @@ class Document:
     rules: tuple[Mapping[str, Any], ...]
     wrappers: tuple[Mapping[str, Any], ...]
     problems: tuple[Problem, ...]
+    # a rule or set still refers to a lower layer's set ('@name'): ``expand`` at compose
+    pending: bool = False
 
 
 def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> Document:
@@ -176,14 +182,23 @@ def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> D
     problems: list[Problem] = []
     settings: dict[str, Any] = {}
     items: dict[str, tuple[Mapping[str, Any], ...]] = {"rules": (), "wrappers": ()}
-    for key, value in _known_first(data, fields, "", problems, _setting_cost):
+    known = _known_first(data, fields, "", problems, _setting_cost)
+    # the sets first, wherever the file defines them: the rules refer to them
+    sets = _module_sets(dict(known).get(TABLE, {}), problems)
+    for key, value in known:
         if key in ITEMS:
-            items[key] = _items(value, key, ITEMS[key], layer, problems)
-        else:
+            refs = sets if key == "rules" else None
+            items[key] = _items(value, key, ITEMS[key], layer, problems, refs)
+        elif key != TABLE:
             _check_into(settings, key, fields[key], value, "", problems, _setting_cost(key))
+    if sets.raw:
+        settings[TABLE] = sets.expanded()
     if strict and problems:
         raise PolicyError(problems[0].text)
-    return Document(settings, items["rules"], items["wrappers"], tuple(problems))
+    pending = any(has_ref(v) for v in settings.get(TABLE, {}).values()) or any(
+        has_ref(rule.get(key, ())) for rule in items["rules"] for key in REF_KEYS
+    )
+    return Document(settings, items["rules"], items["wrappers"], tuple(problems), pending)
 
 
 def _setting_cost(key: str) -> str:
@@ -352,8 +367,111 @@ def _default_instead(key: str, meant: str | None, options: Mapping[str, object])
     return f"; {meant} then comes from the defaults ([allocator], built-in: {default})"
 
 
+# ---------------------------------------------------------------- module sets
+
+class Sets:
+    """One layer's ``[module_sets]``, each expanded on demand within the layer.
+
+    ``raw``: the valid definitions as written; ``broken``: a set whose definition was left
+    out, with the reason a reference to it gives. A reference to a set the layer does not
+    define, or to the set being defined (``tts = ["@tts", "mylib"]`` extends a lower layer's
+    ``tts``), is a lower layer's: ``below`` resolves it, and without ``below`` it is kept as
+    written, pending, for ``expand`` at compose time.
+    """
+
+    def __init__(
+        self, raw: Mapping[str, tuple[str, ...]], broken: Mapping[str, str] | None = None,
+        below: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.raw = raw
+        self.broken = dict(broken or {})
+        self.below = below
+        self._done: dict[str, tuple[str, ...]] = {}
+        self._open: list[str] = []
+
+    def names(self, name: str, within: str | None = None) -> tuple[str, ...]:
+        """What ``@name`` stands for, written in the set ``within`` (None: in a rule);
+        raises PolicyError for a cycle, a broken set, or (with ``below``) an unknown set."""
+        if name in self.broken and name != within:
+            raise PolicyError(self.broken[name])
+        if name in self.raw and name != within:
+            return self._own(name)
+        if self.below is None:
+            return (REF + name,)
+        return lower_set(name, self.below)
+
+    def _own(self, name: str) -> tuple[str, ...]:
+        if name in self._done:
+            return self._done[name]
+        if name in self._open:
+            cycle = " -> ".join(REF + n for n in (*self._open[self._open.index(name):], name))
+            raise PolicyError(f"the module sets refer to each other in a cycle: {cycle}")
+        self._open.append(name)
+        try:
+            names = expand(self.raw[name], lambda ref: self.names(ref, name))
+        finally:
+            self._open.pop()
+        self._done[name] = names
+        return names
+
+    def expanded(self) -> dict[str, tuple[str, ...]]:
+        """Every valid set, expanded as far as this layer can (``raw``'s order)."""
+        return {name: self._own(name) for name in self.raw if name not in self.broken}
+
+
+def _module_sets(value: object, problems: list[Problem]) -> Sets:
+    """A layer's ``[module_sets]`` checked: each set's mistake costs that set (and the rules
+    that refer to it), and a cycle every set in it."""
+    if not isinstance(value, dict) or len(value) > MAX_LIST:
+        text = f"{TABLE} must be a table of lists of module names ([{TABLE}])"
+        problems.append(Problem(text, "No module set is read."))
+        return Sets({})
+    raw: dict[str, tuple[str, ...]] = {}
+    broken: dict[str, str] = {}
+    for name, entries in value.items():
+        where = f"{TABLE}.{shortened(name)}"
+        try:
+            if not re.match(NAME_RE, name):
+                raise PolicyError(f"{TABLE}: {shortened(name)}: set {NAME_RULE}")
+            raw[name] = _strings(entries, where)
+            bad = next((e for e in raw[name] if e.startswith(REF)
+                        and not re.match(NAME_RE, e[1:])), None)  # fmt: skip
+            if bad is not None:
+                raise PolicyError(f"{where}: {shortened(bad)} names no module set: {NAME_RULE}")
+        except PolicyError as exc:
+            raw.pop(name, None)
+            broken[name] = _left_out(name)
+            problems.append(Problem(str(exc), f"The module set {shortened(name)} is ignored."))
+    sets = Sets(raw, broken)
+    for name in raw:
+        try:
+            sets.names(name)
+        except PolicyError as exc:
+            sets.broken[name] = _left_out(name)
+            problems.append(Problem(f"{TABLE}.{name}: {exc}",
+                                    f"The module set {shortened(name)} is ignored."))
+    return sets
+
+
+def _left_out(name: str) -> str:
+    return f"the module set {shortened(REF + name)} is left out (a mistake in its definition)"
+
+
+def expand_refs(out: dict[str, Any], where: str, sets: Sets) -> None:
+    """The lists of a checked rule with the references to this layer's sets expanded;
+    raises PolicyError naming the key."""
+    for key in REF_KEYS:
+        if key in out:
+            try:
+                out[key] = expand(out[key], sets.names)
+            except PolicyError as exc:
+                raise PolicyError(f"{where}: {key}: {exc}") from None
+
+
+
 def _items(
-    value: object, key: str, item: Item, layer: str, problems: list[Problem]
+    value: object, key: str, item: Item, layer: str, problems: list[Problem],
+    sets: Sets | None = None,
 ) -> tuple[Mapping[str, Any], ...]:
     """The valid entries of a ``[[rules]]`` or ``[[wrappers]]`` array, each name once."""
     try:
@@ -364,7 +482,7 @@ def _items(
     kept: list[Mapping[str, Any]] = []
     names: set[str] = set()
     for index, data in enumerate(value):  # type: ignore[arg-type]
-        entry = _item(data, index, item, layer, problems)
+        entry = _item(data, index, item, layer, problems, sets)
         if entry is None:
             continue
         # the built-in file gives a rule in parts of one name (audio-training: its toolkits'
@@ -380,10 +498,12 @@ def _items(
 
 
 def _item(
-    data: object, index: int, item: Item, layer: str, problems: list[Problem]
+    data: object, index: int, item: Item, layer: str, problems: list[Problem],
+    sets: Sets | None = None,
 ) -> Mapping[str, Any] | None:
     """One entry's checked values (with ``name``), or None when a mistake costs the entry:
-    anything but an invalid allocator option, which costs that option only."""
+    anything but an invalid allocator option, which costs that option only. ``sets``: the
+    layer's module sets, which the entry's lists of module names may refer to."""
     where = f"{item.noun} {index + 1}"
     cost = f"{item.noun.capitalize()} {index + 1} is ignored."
     if not isinstance(data, dict):
@@ -398,6 +518,11 @@ def _item(
     out: dict[str, Any] = {}
     for key, value in _known_first(data, item.fields, where, mine, lambda _: cost):
         _check_into(out, key, item.fields[key], value, where, mine, cost)
+    if sets is not None:
+        try:
+            expand_refs(out, where, sets)
+        except PolicyError as exc:
+            mine.append(Problem(str(exc), cost))
     if not any(out.get(k) for k in item.needs):
         mine.append(Problem(f"{where} needs at least one of {', '.join(item.needs)}", cost))
     for key, other in item.requires.items():

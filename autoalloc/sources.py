@@ -623,7 +623,29 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     project = with_shadow(_validated(project, allow_trust=False))
     # the pyproject.toml files passed over come after the project layer, not to be taken
     # for it; they hold no configuration
-    return with_unknown_switches([builtin, site, user, project, *skipped, named])
+    return with_unknown_switches(with_module_sets([builtin, site, user, project, *skipped, named]))
+
+
+def with_module_sets(layers: list[LayerStatus]) -> list[LayerStatus]:
+    """The layers, lowest first, with their references to lower layers' module sets expanded
+    (``modulesets.link``); a layer that refers to a set no layer up to it defines says so in its
+    message: a run warns once, explain and check show it."""
+    if not any(layer.config is not None and layer.config.pending for layer in layers):
+        return layers  # the usual case: the sets a file uses are its own or the built-in ones
+    from autoalloc import modulesets
+
+    linked = iter(modulesets.link([layer.config for layer in layers if layer.config is not None]))
+    out = []
+    for layer in layers:
+        if layer.config is not None:
+            config, problems = next(linked)
+            if problems:
+                found = " ".join(p.sentence() for p in problems)
+                rest = layer.message or "The rest of the file applies."
+                layer = replace(layer, message=f"{found} {rest}")
+            layer = replace(layer, config=config)
+        out.append(layer)
+    return out
 
 
 def with_unknown_switches(layers: list[LayerStatus]) -> list[LayerStatus]:

@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
 # Lowest first; a module may import its own part or a lower one.
 LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", "selfimports",
-          "counters", "problems"}
+          "counters", "problems", "modulesets"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
     "evidence", "scan",
