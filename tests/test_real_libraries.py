@@ -1,9 +1,9 @@
 """Real libraries' own code, run for real on CPU to its first optimizer: who gets the option.
 
 Each case of ``tests/reallibs/cases/*.toml`` names an env (``tests/reallibs/envs/<env>.txt``:
-pinned requirement lines), a program directory (``tests/reallibs/programs/<dir>``: own
-scripts, library scripts copied at their release tag with their licence headers, tiny data
-generators), the command line, and what must happen: ``expect = "apply"`` (with the rule that
+pinned requirement lines), a program directory (``tests/reallibs/programs/<dir>``: scripts
+written for these tests and tiny data generators, no third-party files: see ``external``
+below), the command line, and what must happen: ``expect = "apply"`` (with the rule that
 applies) or ``"untouched"``. The program directory is copied into a fresh temporary directory
 outside the repository and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1``
 and friends), with ``AUTOALLOC_DEBUG=1`` (the decision trace is shown on failure).
@@ -24,6 +24,13 @@ after the install: torchaudio's loader skips absent libraries, and its pure-PyTo
 A probe (a ``sitecustomize`` on ``PYTHONPATH``; it imports nothing of torch's itself) prints
 what torch read at exit, as ``tests.helpers.PROBE`` does, and counts optimizer steps through
 torch's global step hook: each case must have run at least one step.
+
+A case may also run a toolkit's own files that this repository does not hold (third-party
+code stays out of it): ``external = {var = "AUTOALLOC_..._CHECKOUT", files = {"train.py" =
+"templates/speaker_id/train.py"}}`` copies each file from the checkout that the environment
+variable names into the program's temporary directory (over the program directory's own
+files, before the setup steps). Without the variable the case is skipped, and says which
+checkout it wants; a file missing from a named checkout is a failure.
 
 All cases are slow (they install libraries and train): ``scripts/test.sh --full`` runs them.
 """
@@ -68,7 +75,7 @@ HOOK_FILES = (
 )
 CASE_KEYS = {
     "name", "env", "program", "argv", "expect", "rule", "setup", "env_vars", "timeout",
-    "quick", "reason",
+    "quick", "reason", "external",
 }
 # pip's words for a package index it could not reach (as opposed to one that said no).
 UNREACHABLE = re.compile(
@@ -177,6 +184,62 @@ def test_every_case_is_well_formed() -> None:
         assert case["expect"] in ("apply", "untouched"), case
         assert ("rule" in case) == (case["expect"] == "apply"), case
         assert all(isinstance(v, str) for v in case.get("env_vars", {}).values()), case
+        if "external" in case:
+            external = case["external"]
+            assert set(external) == {"var", "files"}, case
+            assert re.fullmatch(r"AUTOALLOC_[A-Z0-9_]+_CHECKOUT", external["var"]), case
+            assert external["files"], case
+            for dest, source in external["files"].items():
+                for rel in (dest, source):
+                    assert isinstance(rel, str) and rel, case
+                    assert not Path(rel).is_absolute() and ".." not in Path(rel).parts, case
+
+
+def external_checkout(case: dict) -> Path | None:
+    """The checkout that the case's external files come from: None without any, else a skip."""
+    external = case.get("external")
+    if not external:
+        return None
+    checkout = os.environ.get(external["var"])
+    if not checkout:
+        pytest.skip(f"{external['var']} is not set: this case runs the toolkit's own files "
+                    f"({', '.join(external['files'].values())}) from a checkout of it")
+    return Path(checkout)
+
+
+def copy_external(case: dict, checkout: Path, work: Path) -> None:
+    """Copy the case's external files from the checkout into the program's directory."""
+    external = case["external"]
+    for dest, source in external["files"].items():
+        path = checkout / source
+        assert path.is_file(), f"{external['var']}={checkout} has no {source}"
+        (work / dest).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, work / dest)
+
+
+def test_external_files_come_from_the_named_checkout(tmp_path: Path, monkeypatch) -> None:
+    """Copied over the program's files; skipped without the variable; a missing file fails."""
+    checkout = tmp_path / "checkout"
+    (checkout / "templates" / "x").mkdir(parents=True)
+    (checkout / "templates" / "x" / "train.py").write_text("theirs\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("ours\n")
+    case = {"external": {"var": "AUTOALLOC_TEST_CHECKOUT",
+                         "files": {"train.py": "templates/x/train.py",
+                                   "conf/t.py": "templates/x/train.py"}}}
+    assert external_checkout({}) is None
+    monkeypatch.delenv("AUTOALLOC_TEST_CHECKOUT", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="AUTOALLOC_TEST_CHECKOUT is not set"):
+        external_checkout(case)
+    monkeypatch.setenv("AUTOALLOC_TEST_CHECKOUT", str(checkout))
+    assert external_checkout(case) == checkout
+    copy_external(case, checkout, work)
+    assert (work / "train.py").read_text() == "theirs\n"
+    assert (work / "conf" / "t.py").read_text() == "theirs\n"
+    case["external"]["files"] = {"a.py": "templates/x/absent.py"}
+    with pytest.raises(AssertionError, match=r"has no templates/x/absent\.py"):
+        copy_external(case, checkout, work)
 
 
 def requirements(env: str) -> list[str]:
@@ -267,9 +330,12 @@ def show(result: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.mark.parametrize("case", load_cases())
 def test_real_library(case: dict, tmp_path: Path) -> None:
+    checkout = external_checkout(case)  # a skip comes before building a venv for nothing
     python = ensure_venv(case["env"])
     work = tmp_path / "program"
     shutil.copytree(PROGRAMS / case["program"], work)
+    if checkout is not None:
+        copy_external(case, checkout, work)
     env = clean_env(tmp_path)
     env.update(
         HF_HUB_OFFLINE="1",
