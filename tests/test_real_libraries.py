@@ -5,7 +5,7 @@ pinned requirement lines), a program directory (``tests/reallibs/programs/<dir>`
 written for these tests and tiny data generators, no third-party files: see ``external``
 below), the command line, and what must happen: ``expect = "apply"`` (with the rule that
 applies) or ``"untouched"``. The program directory is copied into a fresh temporary directory
-outside the repository and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1``
+outside the repository, with the files of ``tests/reallibs/shared/`` beside it, and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1``
 and friends), with ``AUTOALLOC_DEBUG=1`` (the decision trace is shown on failure).
 
 Per env, a venv under ``${AUTOALLOC_REALLIBS_VENVS:-<repo>/.venv-reallibs}/<env>`` gets
@@ -62,6 +62,7 @@ except ImportError:  # Python < 3.11 (scripts/pythons.sh collects this module th
 REALLIBS = REPO / "tests" / "reallibs"
 ENVS = REALLIBS / "envs"
 PROGRAMS = REALLIBS / "programs"
+SHARED = REALLIBS / "shared"  # files copied beside every program (make_tiny_data.py)
 CASES = REALLIBS / "cases"
 VENVS = Path(os.environ.get("AUTOALLOC_REALLIBS_VENVS") or REPO / ".venv-reallibs")
 TORCH = "torch==2.13.0"
@@ -334,6 +335,9 @@ def test_real_library(case: dict, tmp_path: Path) -> None:
     python = ensure_venv(case["env"])
     work = tmp_path / "program"
     shutil.copytree(PROGRAMS / case["program"], work)
+    for shared in SHARED.iterdir():  # what several programs use (tiny data), written once
+        if not (work / shared.name).exists():
+            shutil.copy(shared, work / shared.name)
     if checkout is not None:
         copy_external(case, checkout, work)
     env = clean_env(tmp_path)
