@@ -313,6 +313,7 @@ def test_reset_message_groups_by_source() -> None:
 
 def test_explain_shows_on_setter(sandbox: Sandbox) -> None:
     sandbox.write("autoalloc.toml", MERGE)
+    sandbox.write(NEMO, "")
     result = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", NEMO])
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
