@@ -374,3 +374,22 @@ def test_real_library(case: dict, tmp_path: Path) -> None:
     except AssertionError as e:
         raise AssertionError(f"{e}\nprobe: {json.dumps(probe)}\n--- stderr (the decision)\n"
                              f"{result.stderr[-12000:]}") from None
+    check_prediction(case, python, work, env)
+
+
+def check_prediction(case: dict, python: str, work: Path, env: dict[str, str]) -> None:
+    """``autoalloc explain``'s prediction, read from the program's source, against what the
+    run did: never "apply" for a run left untouched, never "stays off" for one that applied
+    ("depends" names what only the run can tell). Each outcome is printed for the record."""
+    explain_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "AUTOALLOC_DEBUG")}
+    argv = [python, "-m", "autoalloc", "explain", "--json", "--", *command(case["argv"], python)]
+    result = subprocess.run(argv, cwd=work, env=explain_env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, show(result)
+    prediction = json.loads(result.stdout).get("prediction") or {}
+    outcome = prediction.get("outcome", "decided at import torch")
+    print(f"PREDICTION {case['name']}: {outcome}: {prediction.get('text', '')}")
+    if case["expect"] == "apply":
+        assert outcome != "off", prediction
+    else:
+        assert outcome != "apply", prediction
