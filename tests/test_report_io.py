@@ -158,6 +158,12 @@ def test_a_socket_is_refused_with_one_line(
     )
 
 
+def test_an_absent_device_and_a_fifo_are_told_apart() -> None:
+    # ENXIO: a FIFO nobody reads, a socket, /dev/tty without a controlling terminal
+    assert "not available" in recorder._unavailable("/dev/null")  # a character device
+    assert recorder._unavailable("/nonexistent/x") == "no such device or address"
+
+
 def test_a_list_is_named_as_a_json_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = tmp_path / "list.json"
     path.write_text("[1, 2]")

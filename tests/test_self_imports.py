@@ -42,8 +42,11 @@ def test_check_and_explain_name_the_rule(sandbox: Sandbox) -> None:
     assert check.returncode == 1
     assert "rule by-json: imports 'json' can never trigger it" in check.stdout
     assert "mytoolkit" not in check.stdout  # a module of the program is fine
+    sandbox.write("train.py", "")
     explain = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"])
     assert "warning:      rule by-json: imports 'json' can never trigger it" in explain.stdout
+    watching = [x for x in explain.stdout.splitlines() if x.startswith("watching:")]
+    assert watching and "json" not in watching[0]  # what can never fire is not watched
 
 
 def test_never_triggers() -> None:
