@@ -48,7 +48,8 @@ OPTIMIZERS = frozenset(
     "Adafactor Muon".split()
 )
 TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer"})  # HF, TRL: build AdamW
-FIT_LIBRARIES = ("lightning", "pytorch_lightning", "speechbrain", "nemo")  # .fit() trains
+# .fit() trains with these (coqui-tts's Trainer is the `trainer` package)
+FIT_LIBRARIES = ("lightning", "pytorch_lightning", "speechbrain", "nemo", "trainer", "TTS")
 _CONFIG_RE = re.compile(r"(?:!(?:new|name|apply|module):|_target_:\s*['\"]?)([A-Za-z_][\w.]*)")
 _YAML_RE = re.compile(r"[\w./-]+\.ya?ml\Z")
 
