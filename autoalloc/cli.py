@@ -339,7 +339,7 @@ Run CMD with the allocator options on and off, R times each, interleaved (on, of
 stop each run after W warm-up + N optimizer steps, and put the two side by side: steps/s, step
 time median and p95, device mallocs per step, retries, OOMs, peak reserved and allocated
 memory, the ratio on/off with its spread across repeats, and a one-line verdict. Writes
-OUT/ab.json and, with matplotlib (pip install "autoalloc[bench]"), OUT/ab.png.
+OUT/ab.json and, with matplotlib installed (pip install matplotlib), OUT/ab.png.
 
 on:  the options the policy's deciding rule applies for CMD (see `autoalloc explain -- CMD`),
      the way your job gets them: at `import torch`, or for a program decided later (at its
