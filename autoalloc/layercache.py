@@ -137,15 +137,22 @@ def _open_dir(create: bool, env: Mapping[str, str] = os.environ) -> int:
                 return fd
             os.close(fd)
     base, names = where
-    try:
-        fd = _walk(base, names, create)
-    except FileNotFoundError:  # XDG_CACHE_HOME not made yet: made as the rest, mode 0700
-        if not create or names != ("autoalloc",) or os.path.dirname(base) == base:
-            raise
-        fd = _walk(os.path.dirname(base), (os.path.basename(base), *names), create)
+    fd = _walk_below(base, names, create, xdg=names == ("autoalloc",))
     st = os.fstat(fd)
     _CHECKED[path] = (st.st_dev, st.st_ino)
     return fd
+
+
+def _walk_below(base: str, names: tuple[str, ...], create: bool, xdg: bool) -> int:
+    """``_walk``, where a missing ``base`` that is ``XDG_CACHE_HOME`` (``xdg``) is made as the
+    rest is, mode 0700, when ``create`` (``HOME`` is never made)."""
+    try:
+        return _walk(base, names, create)
+    except FileNotFoundError:
+        parent = os.path.dirname(base)
+        if not (create and xdg) or parent == base:
+            raise
+        return _walk(parent, (os.path.basename(base), *names), create)
 
 
 def _walk(base: str, names: tuple[str, ...], create: bool) -> int:
@@ -212,13 +219,7 @@ def make_private(path: str, env: Mapping[str, str] = os.environ) -> None:
         if os.path.isabs(base) and path.startswith(base.rstrip("/") + "/"):
             names = tuple(n for n in os.path.relpath(path, base).split("/") if n)
             if ".." not in names:
-                try:
-                    os.close(_walk(base, names, create=True))
-                except FileNotFoundError:  # XDG_CACHE_HOME not made yet: made as the rest
-                    parent = os.path.dirname(base)
-                    if var != "XDG_CACHE_HOME" or parent == base:
-                        raise
-                    os.close(_walk(parent, (os.path.basename(base), *names), create=True))
+                os.close(_walk_below(base, names, True, xdg=var == "XDG_CACHE_HOME"))
                 return
     raise Refused(f"{path} is neither under XDG_CACHE_HOME nor under HOME")
 
