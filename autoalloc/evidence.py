@@ -87,16 +87,7 @@ def lazy_package(module: object) -> bool:
 def executed(name: str, modules: Mapping[str, object]) -> bool:
     """Whether the module ``name`` in ``modules`` is more than a stub: its code ran, and for a
     lazy package below the top level, something was loaded from it."""
-    module = modules.get(name)
-    if module is None or pending(module):
-        return False
-    if not lazy_package(module) or "." not in name:
-        return True
-    below = name + "."
-    return any(
-        key.startswith(below) and not lazy_package(m) and not _metadata(key)
-        for key, m in modules.items()
-    )
+    return modules.get(name) is not None and name not in stubs(modules)
 
 
 def _metadata(name: str) -> bool:
