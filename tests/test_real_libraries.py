@@ -16,6 +16,14 @@ parallel workers from building the same venv twice. Where the package index cann
 reached, the case is skipped and says so; a pinned version that fails to install from a
 reachable index is a failure.
 
+Disk: every venv holds its own torch (about 1 GB) and the NeMo one about 3 GB more. pip keeps
+no cache of what it downloads for them, and the large files that venvs hold alike (torch's
+libraries above all) are hard links to one copy in ``<venvs>/.shared``. A venv is not started
+with less than ``NEEDS_FREE`` bytes free where the venvs live, and a pip that runs out of disk
+midway has its half-built venv deleted: either way the case is skipped and says how much disk
+was free (a machine without room for these venvs cannot run them; that is not a failure of
+the code under test).
+
 torchaudio: its wheels from the index link ``libc10_cuda.so`` and fail to import on a CPU
 torch. An env that installs torchaudio has its ``torchaudio/lib/*.so`` extension files deleted
 after the install: torchaudio's loader skips absent libraries, and its pure-PyTorch transforms
@@ -66,6 +74,9 @@ SHARED = REALLIBS / "shared"  # files copied beside every program (make_tiny_dat
 CASES = REALLIBS / "cases"
 VENVS = Path(os.environ.get("AUTOALLOC_REALLIBS_VENVS") or REPO / ".venv-reallibs")
 TORCH = "torch==2.13.0"
+SHARED_STORE = VENVS / ".shared"  # one copy of each large file that several venvs hold
+SHARE_MIN_BYTES = 1 << 20
+NEEDS_FREE = 6 << 30  # the largest venv (nemo) with what it shares counted in, and a margin
 # What the installed startup hook is made of, as scripts/test.sh keys its own venv.
 HOOK_FILES = (
     "pyproject.toml",
@@ -218,6 +229,39 @@ def copy_external(case: dict, checkout: Path, work: Path) -> None:
         shutil.copyfile(path, work / dest)
 
 
+def test_venvs_share_their_large_identical_files(tmp_path: Path) -> None:
+    """One copy on disk of a large file two venvs hold alike; small or different files, and
+    one with another mode, stay copies; a copy no venv links any more leaves the store."""
+    store = tmp_path / "store"
+    big, other = os.urandom(SHARE_MIN_BYTES + 1), os.urandom(SHARE_MIN_BYTES)
+    venvs = [tmp_path / "a", tmp_path / "b"]
+    for i, venv in enumerate(venvs):
+        (venv / "lib").mkdir(parents=True)
+        (venv / "lib" / "libtorch.so").write_bytes(big)
+        (venv / "lib" / "libtorch.so").chmod(0o755)
+        (venv / "lib" / "script").write_bytes(other)
+        (venv / "lib" / "script").chmod(0o755 if i else 0o644)
+        (venv / "lib" / "small.py").write_text("x = 1\n")
+        (venv / "lib" / "own.bin").write_bytes(os.urandom(SHARE_MIN_BYTES))
+        (venv / "bin").mkdir()
+        (venv / "bin" / "python").symlink_to(sys.executable)
+    assert share_identical_files(venvs[0], store) == 0
+    assert share_identical_files(venvs[1], store) == len(big)
+    a, b = (venv / "lib" / "libtorch.so" for venv in venvs)
+    assert a.stat().st_ino == b.stat().st_ino and b.read_bytes() == big
+    assert venvs[0].joinpath("lib", "script").stat().st_mode & 0o777 == 0o644
+    assert venvs[1].joinpath("lib", "script").stat().st_mode & 0o777 == 0o755
+    scripts = [venv.joinpath("lib", "script").stat().st_ino for venv in venvs]
+    assert scripts[0] != scripts[1]
+    assert venvs[0].joinpath("lib", "small.py").stat().st_nlink == 1
+    assert venvs[1].joinpath("lib", "own.bin").stat().st_nlink == 2  # itself and the store
+    assert len(list(store.iterdir())) == 5  # libtorch.so, a script per mode, two own.bin
+    shutil.rmtree(venvs[0])
+    share_identical_files(venvs[1], store)
+    assert len(list(store.iterdir())) == 3  # what venv b holds
+    assert b.read_bytes() == big
+
+
 def test_external_files_come_from_the_named_checkout(tmp_path: Path, monkeypatch) -> None:
     """Copied over the program's files; skipped without the variable; a missing file fails."""
     checkout = tmp_path / "checkout"
@@ -285,6 +329,50 @@ def index_unreachable(python: Path, output: str) -> bool:
     return probe.returncode != 0
 
 
+def gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+def share_identical_files(venv: Path, store: Path = SHARED_STORE) -> int:
+    """Replace each large file of ``venv`` by a hard link to an identical one in ``store``
+    (adding it there when new), and drop the store's files that no venv links any more.
+    Returns the bytes this venv no longer holds alone. pip replaces files, never rewrites them
+    in place, so a link is never changed under another venv."""
+    store.mkdir(exist_ok=True)
+    saved = 0
+    for path in venv.rglob("*"):
+        if path.is_symlink() or not path.is_file():
+            continue
+        size = path.stat().st_size
+        if size < SHARE_MIN_BYTES:
+            continue
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        # A mode belongs to the file, shared by all its links: it is part of the key.
+        kept = store / f"{digest.hexdigest()}-{path.stat().st_mode & 0o7777:o}"
+        try:
+            if kept.exists():
+                tmp = path.with_name(path.name + ".autoalloc-link")
+                os.link(kept, tmp)
+                os.replace(tmp, path)
+                saved += size
+            else:
+                os.link(path, kept)
+        except OSError:  # another file system, or one without hard links: keep the copy
+            continue
+    for kept in store.iterdir():
+        with contextlib.suppress(FileNotFoundError):  # another worker's venv build dropped it
+            if kept.stat().st_nlink == 1:
+                kept.unlink()
+    return saved
+
+
+def disk_free(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
 def ensure_venv(env: str) -> Path:
     """The env's interpreter, its venv built (or reused) under the lock: or a skip."""
     venv = VENVS / env
@@ -297,12 +385,22 @@ def ensure_venv(env: str) -> Path:
             return python
         # A fresh venv: the packages of an older pin set must not linger.
         shutil.rmtree(venv, ignore_errors=True)
+        free = disk_free(VENVS)
+        if free < NEEDS_FREE:
+            pytest.skip(f"only {gib(free)} free in {VENVS}: the {env} venv is not built with "
+                        f"less than {gib(NEEDS_FREE)} free")
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         reqs = requirements(env)
         started = time.monotonic()
-        result = pip(python, "install", "--progress-bar", "off", TORCH, *reqs, "-e", str(REPO))
+        result = pip(python, "install", "--progress-bar", "off", "--no-cache-dir", TORCH, *reqs,
+                     "-e", str(REPO))
         if result.returncode != 0:
             output = result.stdout + result.stderr
+            if "No space left on device" in output:
+                shutil.rmtree(venv, ignore_errors=True)  # room for the other venvs
+                pytest.skip(f"the disk under {VENVS} filled up while pip built the {env} venv "
+                            f"({gib(free)} free before; {gib(disk_free(VENVS))} after deleting "
+                            "it)")
             if index_unreachable(python, output):
                 pytest.skip(f"the package index cannot be reached to build the {env} venv "
                             f"({' '.join(reqs)})")
@@ -315,7 +413,9 @@ def ensure_venv(env: str) -> Path:
                 lib.unlink()
         pth = list(venv.glob("lib/python*/site-packages/autoalloc.pth"))
         assert pth, f"autoalloc's startup hook is not installed in {venv}"
+        saved = share_identical_files(venv)
         (venv / ".build-seconds").write_text(f"{time.monotonic() - started:.0f}\n")
+        (venv / ".shared-bytes").write_text(f"{saved}\n")
         stamp.write_text(want)
     return python
 
