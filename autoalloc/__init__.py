@@ -4,11 +4,14 @@ Every process that imports torch imports it (the startup watcher imports ``autoa
 so it imports nothing; the public names are loaded on first access.
 """
 
-__version__ = "0.1.0"
 __all__ = ["AutoallocWarning", "__version__", "status"]
 
 
 def __getattr__(name: str):
+    if name == "__version__":
+        from autoalloc.version import __version__
+
+        return __version__
     if name == "AutoallocWarning":
         from autoalloc.messages import AutoallocWarning
 

@@ -11,8 +11,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from autoalloc import __version__, sources
+from autoalloc import sources
 from autoalloc.envvars import CONFIG_VAR
+from autoalloc.version import __version__
 
 if TYPE_CHECKING:
     from autoalloc.policy import LayerConfig, LayerStatus, Rule
@@ -123,7 +124,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if args.into_pyproject:
         return _init_pyproject(os.getcwd())
     if args.user:
-        return _write_starter(sources.user_path(), starter("user"))
+        from autoalloc import configdirs
+
+        return _write_starter(configdirs.user_path(), starter("user"))
     path = os.path.join(os.getcwd(), "autoalloc.toml")
     if os.path.lexists(path):
         return _refuse(f"{path} exists; not overwriting it")
@@ -438,17 +441,17 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from autoalloc import layercache
+    from autoalloc import cachedir
 
     if args.clear:
         try:
-            removed = layercache.clear()
+            removed = cachedir.clear()
         except OSError as exc:
             print(f"autoalloc cache: not cleared: {exc}", file=sys.stderr)
             return 1
         print(f"removed {removed} file{'' if removed == 1 else 's'}")
         return 0
-    state = layercache.describe()
+    state = cachedir.describe()
     if args.json:
         print(json.dumps(state, indent=2, sort_keys=True))
         return 0 if state["used"] else 1

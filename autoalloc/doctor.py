@@ -41,12 +41,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoalloc import __version__, allocconf, torchinfo
+from autoalloc import allocconf, torchinfo
 from autoalloc.allocconf import ALL_VARS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
 from autoalloc.messages import shortened
 from autoalloc.plan import first_apply_rule, plan
+from autoalloc.version import __version__
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
 
@@ -229,14 +230,14 @@ def _reported(
 
 
 def _setter_report(reports: Mapping[str, Any]) -> dict[str, Any] | None:
-    from autoalloc import guards
+    from autoalloc import guards, hook
 
     def parsed(key: str) -> str | bool | None:
         snapshot = reports.get("snapshot")
         # False where torch cannot say: guards' model of the calls answers
         return allocconf.from_snapshot(key, snapshot) if snapshot else False
 
-    return guards.setter_report(parsed, _same)
+    return guards.setter_report(hook.STATE, parsed, _same)
 
 
 def _same(key: str, intended: str, reported: str | None) -> bool:
@@ -481,9 +482,9 @@ def status() -> Status:
 
 def _cache_notes() -> list[str]:
     """Why the layer cache is not used, when it is not (every process then parses anew)."""
-    from autoalloc import layercache
+    from autoalloc import cachedir
 
-    state = layercache.describe()
+    state = cachedir.describe()
     if state["used"] or state["path"] is None:
         return []
     return [f"the layer cache is not used: {state['reason']} (autoalloc cache)"]

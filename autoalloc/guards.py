@@ -14,7 +14,8 @@ on an allocation path):
     see ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
     from, or, with ``on_setter = "merge"``, passes torch the call's options merged over
     what is in effect;
-  every call is recorded in ``CALLS`` for ``doctor`` and ``autoalloc.status()``;
+  every call is recorded (``Setters.calls``, on the hook's state) for ``doctor`` and
+  ``autoalloc.status()``;
 - ``change_current_allocator`` and ``torch.cuda.MemPool(allocator=...)``: the allocator
   options no longer apply to what they allocate.
 
@@ -44,9 +45,6 @@ _SETTERS = (
 # Frames between the user's call and ours: torch's (its deprecated wrapper) and the modules
 # that implement ``@deprecated`` and ``functools.wraps``.
 _NOT_USER = ("typing_extensions.py", "warnings.py", "functools.py")
-_warned: set[tuple[str, str]] = set()
-_installed = False
-
 
 @record
 class SetterCall:
@@ -60,9 +58,6 @@ class SetterCall:
     error: str | None = None  # torch's exception, if it raised
 
 
-CALLS: list[SetterCall] = []
-
-
 @record
 class _Model:
     """What torch's allocator uses now, as autoalloc models it: the environment's string torch
@@ -74,10 +69,25 @@ class _Model:
     runtime: set[str] = field(default_factory=set)  # keys a call of the program set last
 
 
-_model: _Model | None = None  # None until first needed
-# What torch used at the first guarded call where autoalloc had applied options (doctor).
-_asked: list[tuple[str, str]] | None = None
-_asked_origin: dict[str, str] = {}
+@record
+class Setters:
+    """What the guards remember in one process; it lives on the hook's state (``setters``)."""
+
+    installed: bool = False
+    warned: set[tuple[str, str]] = field(default_factory=set)  # (kind of call, call site)
+    calls: list[SetterCall] = field(default_factory=list)  # for doctor and status()
+    model: _Model | None = None  # None until first needed
+    # What torch used at the first guarded call where autoalloc had applied options (doctor).
+    asked: list[tuple[str, str]] | None = None
+    asked_origin: dict[str, str] = field(default_factory=dict)
+
+
+def _setters(state: Any) -> Setters:
+    """The guards' memory on ``state``, made on first use (a process that never imports
+    torch never imports this module)."""
+    if state.setters is None:
+        state.setters = Setters()
+    return state.setters
 
 
 def _intent(state: Any) -> dict[str, str]:
@@ -196,13 +206,14 @@ def _secondary() -> bool:
     return info is not None and getattr(info, "id", 0) != 0
 
 
-def _warn_once(key: str, message: str, where: str | None = None) -> None:
+def _warn_once(state: Any, key: str, message: str, where: str | None = None) -> None:
     """One warning per kind of call and call site (a setter in a loop warns once), per job."""
     if where is None:
         where = messages.user_frame(skipped_frames())[1]
-    if (key, where) in _warned:
+    warned = _setters(state).warned
+    if (key, where) in warned:
         return
-    _warned.add((key, where))
+    warned.add((key, where))
     text = f"autoalloc: {where}: {message}"
     if _secondary():
         return
@@ -247,18 +258,19 @@ def _model_now(state: Any, ask_torch: bool) -> _Model:
     """The model, created on first use; with ``ask_torch``, a call autoalloc did not see
     (inside ``torch/__init__`` before the guards, or through a reference taken earlier)
     is added from torch's own last string."""
-    global _model
-    if _model is None:
-        _model = _base(state)
+    setters = _setters(state)
+    if setters.model is None:
+        setters.model = _base(state)
+    model = setters.model
     raw = _torch_last_string(state) if ask_torch else None
-    if raw is not None and raw != _model.last:
+    if raw is not None and raw != model.last:
         try:
             unseen = allocconf.parse(raw)
         except allocconf.ConfError:
             unseen = []
-        _note(state, _model, unseen, {k for k, _ in unseen}, "an earlier setter call", True)
-        _model.last = raw
-    return _model
+        _note(state, model, unseen, {k for k, _ in unseen}, "an earlier setter call", True)
+        model.last = raw
+    return model
 
 
 def _note(
@@ -323,7 +335,6 @@ class _Plan:
 def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
     """What the call is about to do. Where autoalloc applied nothing the process is left
     alone (``quiet``): the call is only counted in the model, for a later late apply."""
-    global _asked
     value = args[0] if args else kwargs.get("env")
     if not isinstance(value, str):
         return None
@@ -338,9 +349,10 @@ def _plan(state: Any, args: tuple, kwargs: dict) -> _Plan | None:
         call = None
     if not intent:
         return _Plan(value, where, [], call, [], False, quiet=True)
-    if _asked is None:
-        _asked = list(model.pairs)
-        _asked_origin.update(model.origin)
+    setters = _setters(state)
+    if setters.asked is None:
+        setters.asked = list(model.pairs)
+        setters.asked_origin.update(model.origin)
     conflicts = setter_conflicts(intent, value)
     if call is None:
         return _Plan(value, where, conflicts, None, [], False)
@@ -390,10 +402,11 @@ def _say(state: Any, plan: _Plan, dropped: list[tuple[str, str]]) -> None:
             f"({_applied_by(state)}); " + "; ".join(effects)
         )
     if dropped:
-        origin = _model.origin if _model is not None else {}
+        model = _setters(state).model
+        origin = model.origin if model is not None else {}
         parts.append(("it also " if parts else "this call ") + reset_message(dropped, origin))
     if parts:
-        _warn_once("setter", "; ".join(parts), plan.where)
+        _warn_once(state, "setter", "; ".join(parts), plan.where)
 
 
 def _record(state: Any, plan: _Plan, passed: str | None, error: BaseException | None) -> None:
@@ -410,7 +423,7 @@ def _record(state: Any, plan: _Plan, passed: str | None, error: BaseException | 
     model.last = passed if passed is not None else plan.value  # torch keeps even one it refused
     if plan.quiet:
         return
-    CALLS.append(SetterCall(
+    _setters(state).calls.append(SetterCall(
         plan.where, plan.value, passed or plan.value, tuple(plan.dropped), passed is not None,
         None if error is None else f"{type(error).__name__}: {error}",
     ))
@@ -434,7 +447,9 @@ def changed_by(calls: list[SetterCall], asked: list[tuple[str, str]]) -> dict[st
 
 
 def setter_report(
-    snapshot_value: Callable[[str], str | bool | None], same: Callable[[str, str, str | None], bool]
+    state: Any,
+    snapshot_value: Callable[[str], str | bool | None],
+    same: Callable[[str, str, str | None], bool],
 ) -> dict[str, Any] | None:
     """After runtime setter calls (None before any): each option the environment and the
     policy asked for, what torch uses now and the call that changed it.
@@ -443,21 +458,24 @@ def setter_report(
     e.g. through the getter, which returns only the last string passed); autoalloc's model
     of the calls stands in for it there.
     """
-    if not CALLS:
+    setters = state.setters
+    if setters is None or not setters.calls:
         return None
-    model = dict(_model.pairs if _model is not None else [])
-    changed = changed_by(CALLS, _asked or [])
+    model = dict(setters.model.pairs if setters.model is not None else [])
+    asked = setters.asked or []
+    changed = changed_by(setters.calls, asked)
     options = {}
-    for key, value in _asked or []:
+    for key, value in asked:
         now = snapshot_value(key)
         source = "snapshot"
         if now is False:
             now, source = model.get(key), "autoalloc's model of the calls"
         options[key] = {
-            "asked": value, "from": _asked_origin.get(key, "?"), "now": now, "reported_by": source,
+            "asked": value, "from": setters.asked_origin.get(key, "?"), "now": now,
+            "reported_by": source,
             "changed_by": changed.get(key), "ok": same(key, value, now),  # type: ignore[arg-type]
         }
-    calls = [{f.name: getattr(call, f.name) for f in fields(call)} for call in CALLS]
+    calls = [{f.name: getattr(call, f.name) for f in fields(call)} for call in setters.calls]
     return {"calls": calls, "options": options}
 
 
@@ -512,9 +530,8 @@ def _guard_custom_allocator(
         try:
             if _intent(state) and uses_allocator(*args, **kwargs):
                 applied = _applied_by(state)
-                _warn_once(
-                    what, f"{effect}, so the options autoalloc applied ({applied}) {consequence}"
-                )
+                said = f"{effect}, so the options autoalloc applied ({applied}) {consequence}"
+                _warn_once(state, what, said)
         except Exception:
             pass
         return original(*args, **kwargs)
@@ -528,10 +545,10 @@ def _mempool_allocator(self: Any, allocator: Any = None, *args: Any, **kwargs: A
 
 def install(state: Any) -> None:
     """Wrap torch's allocator-configuration entry points (once per process)."""
-    global _installed
-    if _installed:
+    setters = _setters(state)
+    if setters.installed:
         return
-    _installed = True
+    setters.installed = True
     torch = sys.modules.get("torch")
     if torch is None:
         return

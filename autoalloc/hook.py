@@ -1,4 +1,9 @@
-"""Carry out the decision at ``import torch``: the only place that writes the environment.
+"""Carry out the decision at ``import torch``: the one writer of the allocator variables.
+
+Of the environment, only the allocator variables and autoalloc's own records of what it
+applied or deferred are written here; two other small writes live where they belong:
+``messages`` marks the warnings a job has said (``AUTOALLOC_WARNED``), and the startup
+module pins a relative ``AUTOALLOC_REPORT`` to the directory the process started in.
 
 The startup watcher wraps the loader of ``torch`` (and, later, of the policy's import
 triggers), which calls ``before_exec`` right before the module's own code runs and
@@ -53,6 +58,7 @@ class State:
     setter_error: str | None = None
     adaptive: object = None  # the adaptive.Watch, while one watches the optimizer steps
     recording: object = None  # the AUTOALLOC_REPORT recorder, told of each decision (commit)
+    setters: object = None  # guards.Setters: the setter calls seen, once torch is imported
 
     @property
     def trains(self) -> bool:
@@ -195,7 +201,9 @@ def _note_importer(name: str) -> None:
     own code (not a library importing it for its own purposes, nor importlib's machinery)."""
     own, skip = _own_code(), _machinery_files()
     frame = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(skip):
+    while frame is not None and (
+        frame.f_code.co_filename.startswith(skip) or frame.f_globals.get("__name__") in _STARTUP
+    ):
         frame = frame.f_back
     if frame is not None and own.code(frame.f_code.co_filename, frame.f_globals.get("__name__")):
         STATE.asked.setdefault(name, f"{frame.f_code.co_filename}:{frame.f_lineno}")
@@ -212,19 +220,19 @@ def _own_code():
     return evidence.Own(evidence.installed_dirs(), _machinery_files(), packages)
 
 
+# The wheel's top-level copies of the start-up modules, wherever they lie: their frames are
+# told by their module name (the watcher's loader runs between an import and the hook).
+_STARTUP = frozenset({"_autoalloc_loader", "_autoalloc_startup"})
+
+
 @functools.lru_cache(maxsize=1)
 def _machinery_files() -> tuple[str, ...]:
-    """Files whose frames are the import machinery or autoalloc, never the program: what
-    imports a module is the first frame outside them."""
+    """Files whose frames are the import machinery or autoalloc's package, never the
+    program: what imports a module is the first frame outside them (and ``_STARTUP``)."""
     import importlib
 
-    files = ["<frozen importlib", os.path.dirname(importlib.__file__) + os.sep,
-             os.path.dirname(os.path.abspath(__file__)) + os.sep]
-    for name in ("_autoalloc_loader", "_autoalloc_startup"):
-        path = getattr(sys.modules.get(name), "__file__", None)
-        if path:
-            files.append(path)
-    return tuple(files)
+    return ("<frozen importlib", os.path.dirname(importlib.__file__) + os.sep,
+            os.path.dirname(os.path.abspath(__file__)) + os.sep)
 
 
 def _on_optimizer() -> None:

@@ -95,6 +95,23 @@ def utf8_entry(entry: EntryPoint) -> EntryPoint:
     )
 
 
+def _load_program(
+    entry: EntryPoint, env: Mapping[str, str], cwd: str | None, argv: Sequence[object] | None
+) -> tuple[Policy, wrappers.Unwrapped]:
+    """The program a command runs once its wrappers are taken off, and the policy for it.
+
+    The wrappers come from the layers found for the command as started; when the program
+    searches for its project file elsewhere (a script in another directory), the layers
+    are read again for it, so a profiled run reads what the real run reads.
+    """
+    policy = sources.load(entry, env, cwd)
+    program = wrappers.unwrap(entry, policy.wrappers, cwd, argv)
+    start = sources.project_start
+    if program.steps and start(program.entry, cwd) != start(entry, cwd):
+        policy = sources.load(program.entry, env, cwd)
+    return policy, program
+
+
 def plan(
     entry: EntryPoint,
     env: Mapping[str, str],
@@ -129,7 +146,7 @@ def plan(
         table = sources.builtin_wrappers() if sources.may_wrap(entry) else ()
         policy, program = None, wrappers.unwrap(entry, table, cwd, argv)
     else:
-        policy, program = sources.load_program(entry, env, cwd, argv)
+        policy, program = _load_program(entry, env, cwd, argv)
     if program.steps:
         inner = program.describe()
         messages.debug(f"{entry.describe()} runs another program: deciding for {inner}")

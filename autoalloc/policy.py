@@ -1,13 +1,14 @@
 """Policy: one TOML layer as records, and layers composed into one Policy with provenance.
 
-Pure functions: a TOML dict in, a ``LayerConfig`` (and the ``Problem``s that ``schema``'s walk
-found, or a ``PolicyError`` naming the key) out; a list of layers in, a ``Policy`` out.
-What a file may hold is ``schema``'s; reading files is ``sources``' job.
+Functions of their arguments: a TOML dict in, a ``LayerConfig`` (and the ``Problem``s that
+``schema``'s walk found, or a ``PolicyError`` naming the key) out; a list of layers in, a
+``Policy`` out. One thing more is read: ``HOME``, for a ``~`` in a pattern (``globs``; the
+layer cache keys its entries by it). What a file may hold is ``schema``'s; reading files is
+``sources``' job.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal, get_args
@@ -101,31 +102,17 @@ class Valued:
     rule: str | None = None
 
 
-# Validated layers by table object, for callers that pass ``cache=True``: ``sources`` hands out
-# one read-only table per file content, so a later decision in the same process (an import
-# trigger, ``explain``) does not validate a 10,000-rule file again. An entry keeps its table
-# alive, so that table's id cannot be reused by another object while the entry exists.
-_VALIDATED: dict[tuple, tuple[object, LayerConfig, tuple[Problem, ...]]] = {}
-_VALIDATED_MAX = 16
-
-
-def validate(
-    data: object, source: Source, allow_trust: bool = False, cache: bool = False
-) -> LayerConfig:
+def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
     """Check a parsed TOML document (the ``[tool.autoalloc]`` table for pyproject.toml);
-    raises PolicyError for its first mistake.
-
-    ``cache``: remember the result for this very table object, which the caller promises
-    never to change.
-    """
-    config, problems = _read(data, source, allow_trust, cache)
+    raises PolicyError for its first mistake."""
+    config, problems = _layer(data, source, allow_trust)
     if problems:
         raise PolicyError(problems[0].text)
     return config
 
 
 def salvage(
-    data: object, source: Source, allow_trust: bool = False, cache: bool = False
+    data: object, source: Source, allow_trust: bool = False
 ) -> tuple[LayerConfig, tuple[str, ...]]:
     """The valid part of a layer, and one sentence for each part left out.
 
@@ -133,26 +120,10 @@ def salvage(
     any other mistake in a rule drops that rule, a bad top-level setting drops that setting,
     and the rest of the file applies. A typo in one rule thus switches off neither the
     file's deny rules nor its allow rules. Raises PolicyError only when the policy is not a
-    table at all. ``cache``: as ``validate``'s.
+    table at all.
     """
-    config, problems = _read(data, source, allow_trust, cache)
-    return config, tuple(p.sentence() for p in problems)
-
-
-def _read(
-    data: object, source: Source, allow_trust: bool, cache: bool
-) -> tuple[LayerConfig, tuple[Problem, ...]]:
-    if not cache:
-        return _layer(data, source, allow_trust)
-    key = (id(data), source, allow_trust, os.environ.get("HOME"))  # HOME: '~' in patterns
-    hit = _VALIDATED.get(key)
-    if hit is not None and hit[0] is data:
-        return hit[1], hit[2]
     config, problems = _layer(data, source, allow_trust)
-    if len(_VALIDATED) >= _VALIDATED_MAX:
-        del _VALIDATED[next(iter(_VALIDATED))]
-    _VALIDATED[key] = (data, config, problems)
-    return config, problems
+    return config, tuple(p.sentence() for p in problems)
 
 
 def _layer(

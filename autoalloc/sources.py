@@ -1,12 +1,12 @@
 """Find and read the policy layers: built-in < site < user < project < ``AUTOALLOC_CONFIG``.
 
 Discovery is small functions of paths (like pytest's ``findpaths``); reading is careful,
-because a project file can come from any cloned repository: regular files only (a FIFO
-would block, a device could do anything), opened without blocking and checked again on
-the open descriptor, at most ``MAX_BYTES`` read, and a project file is used only when it
-and its directory are owned by this user or root (like git's ``safe.directory``) unless it
-is below a trusted directory. Any failure becomes a layer status with a message instead
-of an exception.
+because a project file can come from any cloned repository: ``safefile`` reads regular
+files only, at most ``MAX_BYTES``, and a project file is used only when it and its
+directory are owned by this user or root (like git's ``safe.directory``) unless it is below
+a trusted directory. Any failure becomes a layer status with a message instead of an
+exception. A validated layer is remembered by its exact bytes, in the process and across
+processes (``layercache``); the wrappers are taken off by ``plan``, not here.
 """
 
 from __future__ import annotations
@@ -19,15 +19,17 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Literal
 
-from autoalloc import layercache, messages, wrappers
+from autoalloc import configdirs, layercache, messages, safefile, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import CONFIG_VAR, TRUSTED_DIRS_VAR
+from autoalloc.globs import RulePatterns
 from autoalloc.policy import (
     LayerConfig,
     LayerName,
     LayerStatus,
     Policy,
     PolicyError,
+    Rule,
     Source,
     compose,
     salvage,
@@ -46,26 +48,6 @@ class LayerError(Exception):
 
 class TooLarge(LayerError):
     """A layer file over ``MAX_BYTES``."""
-
-
-def site_path() -> str:
-    return layercache.config_dir("site", _site_path)
-
-
-def user_path() -> str:
-    return layercache.config_dir("user", _user_path)
-
-
-def _site_path() -> str:
-    import platformdirs
-
-    return os.path.join(platformdirs.site_config_dir("autoalloc"), "config.toml")
-
-
-def _user_path() -> str:
-    import platformdirs
-
-    return os.path.join(platformdirs.user_config_dir("autoalloc"), "config.toml")
 
 
 def project_start(entry: EntryPoint, cwd: str | None) -> str | None:
@@ -90,63 +72,22 @@ def ancestors(start: str) -> Iterator[str]:
         current = parent
 
 
-_OPEN_FLAGS = (
-    os.O_RDONLY
-    | getattr(os, "O_NONBLOCK", 0)
-    | getattr(os, "O_NOCTTY", 0)
-    | getattr(os, "O_CLOEXEC", 0)
-)
-
-
-def _check_regular(st: os.stat_result) -> None:
-    if stat.S_ISDIR(st.st_mode):
-        raise LayerError("a directory, not a file")
-    if not stat.S_ISREG(st.st_mode):
-        raise LayerError("not a regular file")
-    if st.st_size > MAX_BYTES:
-        raise TooLarge(f"larger than {MAX_BYTES // 1024} KiB")
-
-
 def read_file(path: str) -> tuple[bytes, os.stat_result]:
-    """A policy file's bytes and the ``fstat`` of what was read.
+    """A policy file's bytes and the ``fstat`` of what was read (``safefile``).
 
     Raises FileNotFoundError when absent (or a parent is not a directory), LayerError
-    when unusable. The path is checked before opening (no FIFO or device is ever opened)
-    and the descriptor again after (the file cannot be swapped in between); at most
-    ``MAX_BYTES + 1`` bytes are read, whatever the file claims.
+    when unusable.
     """
     try:
-        _check_regular(os.stat(path))
+        return safefile.read(path, MAX_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(path) from None
-    except OSError as exc:
-        raise LayerError(f"cannot read: {exc.strerror or exc}") from None
-    except ValueError as exc:  # an embedded NUL in the path
-        raise LayerError(f"cannot read: {exc}") from None
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(path) from None
-    except OSError as exc:
-        raise LayerError(f"cannot read: {exc.strerror or exc}") from None
-    try:
-        st = os.fstat(fd)
-        _check_regular(st)
-        chunks = []
-        size = 0
-        while size <= MAX_BYTES:
-            chunk = os.read(fd, MAX_BYTES + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as exc:
-        raise LayerError(f"cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if size > MAX_BYTES:
-        raise TooLarge(f"larger than {MAX_BYTES // 1024} KiB")
-    return b"".join(chunks), st
+    except safefile.TooLarge:
+        raise TooLarge(f"larger than {MAX_BYTES // 1024} KiB") from None
+    except safefile.NotRegular as exc:
+        raise LayerError(str(exc)) from None
+    except (OSError, ValueError) as exc:  # ValueError: an embedded NUL in the path
+        raise LayerError(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def read_bytes(path: str) -> bytes:
@@ -154,16 +95,8 @@ def read_bytes(path: str) -> bytes:
     return read_file(path)[0]
 
 
-_PARSED: dict[bytes, dict] = {}  # by content: tomllib is pure Python, ~1 s for 10,000 rules
-
-
 def parse_toml(data: bytes) -> dict:
-    """TOML from bytes; a UTF-8 BOM is tolerated. Raises LayerError.
-
-    The same content gives the same dict, parsed once per process: treat it as read-only.
-    """
-    if data in _PARSED:
-        return _PARSED[data]
+    """TOML from bytes; a UTF-8 BOM is tolerated. Raises LayerError."""
     if sys.version_info >= (3, 11):  # imported here: a layer found in the cache needs no parser
         import tomllib
     else:  # pragma: no cover - exercised on older interpreters in CI
@@ -180,9 +113,6 @@ def parse_toml(data: bytes) -> dict:
         raise LayerError("not valid TOML: nested too deeply") from None
     except Exception as exc:  # e.g. ValueError for an integer of more than 4300 digits
         raise LayerError(f"not valid TOML: {type(exc).__name__}: {exc}") from None
-    if len(_PARSED) >= 8:
-        del _PARSED[next(iter(_PARSED))]
-    _PARSED[data] = table
     return table
 
 
@@ -389,7 +319,7 @@ def _scan(path: str) -> bool | None:
     unreadable). A pyproject.toml that large is a generated one, never autoalloc's."""
     word = b"autoalloc"
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, safefile.OPEN_FLAGS)
     except (OSError, ValueError):
         return None
     try:
@@ -489,21 +419,31 @@ def find_project(start: str | None) -> LayerStatus | None:
     return _find(start, None)[0]
 
 
+# What a cached layer may hold besides plain data (``layercache`` builds nothing else).
+_LAYER_RECORDS = (LayerConfig, Rule, Source, wrappers.Wrapper, RulePatterns)
+# The one memo of validated layers in a process, above the disk cache: a later decision of
+# the same process (an import trigger, the first optimizer) reads each file again and, for
+# the same bytes, neither unpickles nor parses it again.
+_LAYERS: dict[tuple, tuple[bytes, LayerStatus]] = {}
+_LAYERS_MAX = 16
+
+
 def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
     if read.status != "found" or read.config is not None:
         return read
     try:
-        # the table is parse_toml's, which no one changes: validated once per process
         source = Source(read.layer, read.path or "")
-        config, problems = salvage(read.table, source, allow_trust, cache=True)
+        config, problems = salvage(read.table, source, allow_trust)
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
     problems = (*pyproject_problems(read.path or "", read.data), *problems)
     # A file used in part is "found", with a message saying what was left out.
-    done = replace(read, config=config, message=summarize(problems))
+    done = replace(read, config=config, message=summarize(problems), table=None)
     if read.data and read.path:
         key = _layer_key(read.layer, read.path, allow_trust)
-        layercache.put("layer", key, read.data, (done.status, done.message, config))
+        _remember(key, read.data, done)
+        value = (done.status, done.message, config)
+        layercache.put("layer", key, read.data, value, _LAYER_RECORDS)
     return done
 
 
@@ -512,12 +452,25 @@ def _layer_key(layer: LayerName, path: str, allow_trust: bool) -> tuple:
     return (layer, path, allow_trust, os.environ.get("HOME"))
 
 
+def _remember(key: tuple, data: bytes, layer: LayerStatus) -> None:
+    if len(_LAYERS) >= _LAYERS_MAX:  # a process reading many projects' policies: stay small
+        del _LAYERS[next(iter(_LAYERS))]
+    _LAYERS[key] = (data, layer)
+
+
 def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> LayerStatus | None:
-    """The layer validated from exactly these bytes by an earlier process (``layercache``)."""
-    hit = layercache.get("layer", _layer_key(layer, path, allow_trust), data)
+    """The layer validated from exactly these bytes, earlier in this process or by an
+    earlier process (``layercache``)."""
+    key = _layer_key(layer, path, allow_trust)
+    known = _LAYERS.get(key)
+    if known is not None and known[0] == data:
+        return known[1]
+    hit = layercache.get("layer", key, data, _LAYER_RECORDS)
     if not isinstance(hit, tuple) or len(hit) != 3 or not isinstance(hit[2], LayerConfig):
         return None
-    return LayerStatus(layer, path, hit[0], hit[1], config=hit[2], data=data)
+    found = LayerStatus(layer, path, hit[0], hit[1], config=hit[2], data=data)
+    _remember(key, data, found)
+    return found
 
 
 def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerStatus:
@@ -610,8 +563,8 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
         table = builtin.config.wrappers + builtin_wrappers()
         builtin = replace(builtin, config=replace(builtin.config, wrappers=table))
     # 2. site and 3. user config files (platformdirs)
-    site = _config_dir_layer("site", site_path)
-    user = _config_dir_layer("user", user_path)
+    site = _config_dir_layer("site", configdirs.site_path)
+    user = _config_dir_layer("user", configdirs.user_path)
     # 5. AUTOALLOC_CONFIG is read before the project layer, although it ranks above it: its
     # trusted_dirs, like the user's and the site's, decide whether a project file owned by
     # another user may be used, so it must be known before the project search.
@@ -683,22 +636,3 @@ def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
     """Read every layer for this entry point and compose them."""
     layers = read_layers(entry, env, cwd)
     return compose([r.config for r in layers if r.config is not None], layers)
-
-
-def load_program(
-    entry: EntryPoint,
-    env: Mapping[str, str],
-    cwd: str | None,
-    argv: Sequence[object] | None = None,
-) -> tuple[Policy, wrappers.Unwrapped]:
-    """The program a command runs once its wrappers are taken off, and the policy for it.
-
-    The wrappers come from the layers found for the command as started; when the program
-    searches for its project file elsewhere (a script in another directory), the layers
-    are read again for it, so a profiled run reads what the real run reads.
-    """
-    policy = load(entry, env, cwd)
-    program = wrappers.unwrap(entry, policy.wrappers, cwd, argv)
-    if program.steps and project_start(program.entry, cwd) != project_start(entry, cwd):
-        policy = load(program.entry, env, cwd)
-    return policy, program

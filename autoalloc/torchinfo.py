@@ -9,11 +9,11 @@ what its allocator uses.
 from __future__ import annotations
 
 import os
-import stat
 import sys
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from autoalloc import safefile
 from autoalloc.records import record
 
 Flavour = Literal["cpu", "cuda", "rocm"]
@@ -84,24 +84,15 @@ def _assignment(line: str) -> tuple[str, str | None] | None:
     return None
 
 
-_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 _MAX_VERSION_FILE = 65536
 
 
 def _read_regular(path: str) -> str | None:
-    """The text of ``path`` if it is a regular file (a FIFO there would block ``read``)."""
+    """The text of ``path`` if it is a regular file (``safefile``: a FIFO there would block)."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)  # non-blocking: opening a FIFO returns at once
-    except (OSError, ValueError):
+        return safefile.read(path, _MAX_VERSION_FILE)[0].decode("utf-8")
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, _MAX_VERSION_FILE).decode("utf-8")
-    except (OSError, UnicodeDecodeError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def from_package_dir(package_dir: str) -> TorchInfo | None:

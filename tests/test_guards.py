@@ -241,8 +241,8 @@ def test_guards_never_ask_torch_where_nothing_was_applied(monkeypatch: pytest.Mo
     monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda *a: snapshots.append(1) or {})
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(guards, "_model", None)
-    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch)
+    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch,
+                                  setters=None)
     passed: list[str] = []
     setter = guards._guard_setter(passed.append, state)
     for value in ("expandable_segments:True", "expandable_segments:False", "max_split_size_mb:64"):
@@ -265,8 +265,8 @@ def test_guards_ask_the_getter_only_before_a_late_write(monkeypatch: pytest.Monk
     getter = torch._C._accelerator_getAllocatorSettings
     monkeypatch.setattr(torch._C, "_accelerator_getAllocatorSettings",
                         lambda: asked.append(1) or getter())
-    monkeypatch.setattr(guards, "_model", None)
-    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch)
+    state = types.SimpleNamespace(decision=None, policy=None, torch=None, torch_module=torch,
+                                  setters=None)
     setter = guards._guard_setter(lambda value: None, state)
     setter("expandable_segments:False")
     assert asked == []  # nothing applied here: the call updates the model, torch is not asked

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import layercache
+from autoalloc import cachedir, layercache, sources
 from tests.helpers import REPO, probe_result
 
 # What a process decides from the layers, and whether it needed a TOML parser, platformdirs or
@@ -81,11 +81,11 @@ def test_a_later_process_uses_the_layers_validated_before(sandbox) -> None:
 
 LAUNCHED = """
 import json, os, sys
-from autoalloc import decide, entrypoint, layercache, sources
+from autoalloc import decide, entrypoint, layercache, plan
 layercache.enable()
 cwd = os.getcwd()
 entry = entrypoint.parse([sys.executable, *sys.argv[1:]], cwd)
-policy, program = sources.load_program(entry, os.environ, cwd)
+policy, program = plan._load_program(entry, os.environ, cwd, None)
 d = decide.decide(policy, program.entry, os.environ, None, ())
 print(json.dumps({
     "program": program.entry.target, "decision": [d.action, d.rule],
@@ -201,11 +201,19 @@ def test_ranks_writing_at_once_leave_a_usable_cache(sandbox) -> None:
     assert not list((cache(sandbox) / "autoalloc").glob("*.tmp"))
 
 
-def test_the_unpickler_builds_policy_records_only() -> None:
-    with pytest.raises(pickle.UnpicklingError):
-        layercache._loads(pickle.dumps(Boom()))
-    with pytest.raises(pickle.UnpicklingError):
-        layercache._loads(pickle.dumps(object()))
+def test_the_unpickler_builds_the_named_records_only() -> None:
+    from autoalloc import sources
+    from autoalloc.policy import Source
+
+    for records in ((), sources._LAYER_RECORDS):
+        with pytest.raises(pickle.UnpicklingError):
+            layercache._loads(pickle.dumps(Boom()), records)
+        with pytest.raises(pickle.UnpicklingError):
+            layercache._loads(pickle.dumps(object()), records)
+    source = Source("user", "/u")
+    with pytest.raises(pickle.UnpicklingError, match=r"autoalloc\.policy\.Source is not"):
+        layercache._loads(pickle.dumps(source))
+    assert layercache._loads(pickle.dumps(source), sources._LAYER_RECORDS) == source
 
 
 def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
@@ -218,14 +226,14 @@ def test_a_remembered_rule_matches_as_the_parsed_one() -> None:
     layer = sources.load_file("builtin", sources.BUILTIN_PATH, allow_trust=False)
     wrappers = sources.load_file("builtin", sources.WRAPPERS_PATH, allow_trust=False)
     for config in (layer.config, wrappers.config):
-        restored = layercache._loads(pickle.dumps(config, protocol=4))
+        restored = layercache._loads(pickle.dumps(config, protocol=4), sources._LAYER_RECORDS)
         assert restored == config and restored.wrappers == config.wrappers
         for a, b in zip(config.rules + config.wrappers, restored.rules + restored.wrappers):
             assert type(b.compiled) is RulePatterns and b.compiled == a.compiled
     scripts, modules = ("**/asr/*/train*.py", "run_*.py"), ("asr.train",)
     compiled = compile_rule(scripts, modules, (), ())
     rule = Rule("r", layer.config.source, scripts=scripts, modules=modules, compiled=compiled)
-    back = layercache._loads(pickle.dumps(rule, protocol=4)).compiled
+    back = layercache._loads(pickle.dumps(rule, protocol=4), sources._LAYER_RECORDS).compiled
     assert type(back) is RulePatterns and back == compiled and type(back[0]) is tuple
     assert back[1] == (frozenset({"asr"}),) and back[3] == (("run_", ".py"),)
     assert back.script("/w/asr/x/train_ctc.py") and back.script("/w/run_asr.py")
@@ -248,33 +256,44 @@ OLD_PATTERNS = (
 def test_an_entry_an_older_autoalloc_wrote_is_ignored(monkeypatch, tmp_path) -> None:
     """The entry file is named by what it is for, so an upgrade reads the older version's
     entry before replacing it: its matchers do not restore, and the layer is read anew."""
+    from autoalloc import sources
+
     with pytest.raises(AttributeError):
-        layercache._loads(OLD_PATTERNS)
+        layercache._loads(OLD_PATTERNS, sources._LAYER_RECORDS)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(layercache, "_ENABLED", [True])
     monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATTERNS)
-    assert layercache.get("layer", ("user", "/x/config.toml"), b"") is None
+    key = ("user", "/x/config.toml")
+    assert layercache.get("layer", key, b"", sources._LAYER_RECORDS) is None
 
 
 def test_a_later_decision_of_the_process_restores_an_unchanged_entry_once(
     monkeypatch, tmp_path
 ) -> None:
-    """A process decides again at an import trigger or its first optimizer: the entry is read
-    again and unpickled only when its bytes changed."""
+    """A process decides again at an import trigger or its first optimizer: each layer file
+    is read again, and neither unpickled nor parsed again while its bytes are the same (the
+    one memo, in ``sources``); changed bytes are read anew."""
+    from autoalloc import sources
+
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(layercache, "_ENABLED", [True])
-    monkeypatch.setattr(layercache, "_RESTORED", {})
-    loads = []
-    real = layercache._loads
-    monkeypatch.setattr(layercache, "_loads", lambda blob: loads.append(1) or real(blob))
-    key = ("user", str(tmp_path / "config.toml"))
-    layercache.put("layer", key, b"v1", ("found", "", 1))
-    assert layercache.get("layer", key, b"v1") == ("found", "", 1)
-    first = len(loads)
-    assert layercache.get("layer", key, b"v1") == ("found", "", 1) and len(loads) == first
-    layercache.put("layer", key, b"v2", ("found", "", 2))
-    assert layercache.get("layer", key, b"v2") == ("found", "", 2) and len(loads) > first
-    assert layercache.get("layer", key, b"v1") is None  # the bytes it was made from, still
+    monkeypatch.setattr(sources, "_LAYERS", {})
+    loads, parses = [], []
+    real_loads, real_parse = layercache._loads, sources.parse_toml
+    monkeypatch.setattr(layercache, "_loads", lambda *a: loads.append(1) or real_loads(*a))
+    monkeypatch.setattr(sources, "parse_toml", lambda *a: parses.append(1) or real_parse(*a))
+    path = tmp_path / "config.toml"
+    path.write_text('[[rules]]\nname = "a"\nscripts = ["a.py"]\n')
+    first = sources.load_file("user", str(path))
+    assert first.status == "found" and len(parses) == 1
+    sources._LAYERS.clear()  # as a new process: from the disk cache
+    assert sources.load_file("user", str(path)) == first and len(parses) == 1
+    seen = len(loads)
+    assert sources.load_file("user", str(path)) == first
+    assert len(loads) == seen and len(parses) == 1  # from the memo
+    path.write_text('[[rules]]\nname = "b"\nscripts = ["b.py"]\n')
+    assert sources.load_file("user", str(path)).config.rules[0].name == "b"
+    assert len(parses) == 2
 
 
 # -- where it writes: only in directories of this user ------------------------------------------
@@ -335,8 +354,11 @@ def test_what_it_creates_is_private_whatever_the_umask(sandbox) -> None:
 def enabled(monkeypatch, tmp_path) -> Path:
     """This process uses the cache, in ``tmp_path/autoalloc``."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    for name, value in (("_ENABLED", [True]), ("_RESTORED", {}), ("_CHECKED", {})):
-        monkeypatch.setattr(layercache, name, value, raising=False)
+    from autoalloc import privatedir, sources
+
+    monkeypatch.setattr(layercache, "_ENABLED", [True])
+    monkeypatch.setattr(sources, "_LAYERS", {})
+    monkeypatch.setattr(privatedir, "_CHECKED", {})
     return tmp_path / "autoalloc"
 
 
@@ -366,7 +388,7 @@ def test_autoalloc_cache_shows_and_clears_it(enabled: Path, capsys) -> None:
     assert str(enabled) in out and "1 entries" in out and " bytes" in out
     assert cli.main(["cache", "--clear"]) == 0
     assert not list(enabled.glob("*.pickle")) and (enabled / "ab").is_dir()
-    assert layercache.describe()["entries"] == 0
+    assert cachedir.describe()["entries"] == 0
 
 
 def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
@@ -375,11 +397,11 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
     """Under umask 002 ``ab``'s default output made ``~/.cache/autoalloc`` group-writable,
     which the cache then refused for good: ab makes it 0700 now, and a directory refused
     anyway is explained by ``autoalloc cache`` and ``doctor``'s notes."""
-    from autoalloc import cli, doctor
+    from autoalloc import cli, doctor, privatedir
 
     monkeypatch.setenv("HOME", str(sandbox.home))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(layercache, "_CHECKED", {}, raising=False)
+    monkeypatch.setattr(privatedir, "_CHECKED", {})
     old = os.umask(0o002)
     try:
         out = Path(cli.default_ab_out())
@@ -389,7 +411,7 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
     assert out.parent == cache_dir / "ab"
     for path in (cache_dir.parent, cache_dir, out.parent, out):
         assert path.stat().st_mode & 0o777 == 0o700, path
-    assert layercache.describe()["used"]
+    assert cachedir.describe()["used"]
     cache_dir.chmod(0o775)
     assert cli.main(["cache"]) == 1
     assert "writable by others (mode 0775)" in capsys.readouterr().out
@@ -411,7 +433,7 @@ def test_a_tampered_value_never_reaches_torch(sandbox) -> None:
     assert first.returncode == 0, first.stderr
     tampered = 0
     for path in entries(sandbox):
-        full, data, value = layercache._loads(path.read_bytes())
+        full, data, value = layercache._loads(path.read_bytes(), sources._LAYER_RECORDS)
         if full[0] == "layer" and full[1] == "user":
             rule = replace(value[2].rules[0], allocator={"expandable_segments": BAD})
             value = (*value[:2], replace(value[2], rules=(rule,)))

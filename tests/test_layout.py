@@ -19,10 +19,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
 # Lowest first; a module may import its own part or a lower one.
 LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", "selfimports",
-          "counters", "problems", "modulesets"}
+          "counters", "problems", "modulesets", "safefile", "privatedir", "version"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
-    "evidence", "scan",
+    "evidence", "scan", "cachedir", "configdirs",
 }
 APPLICATION = {"hook", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}
@@ -225,3 +225,45 @@ def test_test_modules_take_helpers_from_helpers_not_conftest() -> None:
                       path.read_text(encoding="utf-8"), re.MULTILINE)
     ]
     assert importing == []
+
+
+def _sys_modules_keys(tree: ast.AST) -> list[ast.expr]:
+    """The keys of every ``sys.modules[KEY]`` and ``sys.modules.get/pop/setdefault(KEY)``."""
+    def is_sys_modules(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "modules" and \
+            isinstance(node.value, ast.Name) and node.value.id == "sys"
+
+    keys = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and is_sys_modules(node.value):
+            keys.append(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
+                node.func.attr in ("get", "pop", "setdefault") and \
+                is_sys_modules(node.func.value) and node.args:
+            keys.append(node.args[0])
+    return keys
+
+
+def test_no_module_of_autoalloc_reaches_another_through_sys_modules() -> None:
+    """autoalloc's modules reach each other by import (which the layout above sees), never by
+    a lookup in ``sys.modules``; a module may look itself up (``__name__``: the start-up
+    module is its own finder), and look up the program's modules and torch's."""
+    for name, path in modules().items():
+        for key in _sys_modules_keys(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(key, ast.Constant):
+                assert not str(key.value).startswith(("autoalloc", "_autoalloc")), (name, key.value)
+            else:
+                text = ast.unparse(key)
+                assert text == "__name__", f"{name}: sys.modules[{text}] may be autoalloc's own"
+
+
+def test_module_state_is_not_rebound_with_global() -> None:
+    """Module state that changes lives on an object (the hook's ``State``): at most two
+    ``global`` statements in the package, each a one-shot flag of its own module."""
+    found = [
+        (name, node.names)
+        for name, path in modules().items()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Global)
+    ]
+    assert len(found) <= 2, found

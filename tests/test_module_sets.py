@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import layercache, sources
+from autoalloc import layercache, privatedir, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.modulesets import link
 from autoalloc.policy import LayerConfig, Source, salvage
@@ -201,8 +201,9 @@ def test_the_layer_cache_keeps_references_to_lower_layers_to_expand(
     """A cached layer holds what its own bytes say; what a reference to a lower layer's set
     stands for is expanded anew, so a changed site set reaches the user's rule."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    for name, value in (("_ENABLED", [True]), ("_RESTORED", {}), ("_CHECKED", {})):
-        monkeypatch.setattr(layercache, name, value, raising=False)
+    monkeypatch.setattr(layercache, "_ENABLED", [True])
+    monkeypatch.setattr(sources, "_LAYERS", {})
+    monkeypatch.setattr(privatedir, "_CHECKED", {})
     isolated_home.user_policy('[[rules]]\nname = "u"\nimports = ["@lab"]\n')
     seen = []
     for names in ('["one"]', '["two", "three"]'):

@@ -231,7 +231,7 @@ def test_ten_thousand_rules_validate_and_compose() -> None:
     project = [{"name": f"p{i}", "modules": [f"p{i}.t*"], "argv": ["*asr*"]} for i in range(4999)]
     project.append({"name": "shared", "commands": ["shared-train"]})
     low = validate({"rules": user, "disable": []}, Source("user", "/u"))
-    high = validate({"rules": project, "disable": ["u17"]}, Source("project", "/p"), cache=True)
+    high = validate({"rules": project, "disable": ["u17"]}, Source("project", "/p"))
     assert len(low.rules) == 5001 and len(high.rules) == 5000
     policy = compose([low, high])
     assert len(policy.rules) == 5000 + 4999  # 'shared' replaced, 'u17' disabled
@@ -241,16 +241,3 @@ def test_ten_thousand_rules_validate_and_compose() -> None:
         validate({"rules": [*user, {"name": "u3", "scripts": ["x.py"]}]}, Source("user", "/u"))
 
 
-def test_cached_validation_is_per_table_object() -> None:
-    table = {"rules": [{"name": "a", "scripts": ["a.py"]}]}
-    first = validate(table, Source("user", "/u"), cache=True)
-    assert validate(table, Source("user", "/u"), cache=True) is first
-    assert validate(table, Source("site", "/s"), cache=True) is not first  # provenance differs
-    assert validate(dict(table), Source("user", "/u"), cache=True) is not first
-    assert validate(table, Source("user", "/u")) is not first  # no cache unless asked
-
-
-def test_parse_toml_parses_each_content_once() -> None:
-    data = b'[[rules]]\nname = "a"\nscripts = ["a.py"]\n'
-    assert sources.parse_toml(data) is sources.parse_toml(bytes(data))
-    assert sources.parse_toml(data + b"\n") == sources.parse_toml(data)

@@ -175,25 +175,16 @@ def parse_text(path: str, text: str, stream: bool = False) -> Verdict:
 
 def _read_regular(path: str) -> tuple[str | None, str]:
     """A regular file's text, or None and why it is not read (never opens anything else)."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0)
+    from autoalloc import safefile
+
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            return None, _kind(st.st_mode)
-        fd = os.open(path, flags)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
-            return None, "not a regular file"
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(MAX_BYTES + 1)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_BYTES:
+        data = safefile.read(path, MAX_BYTES)[0]
+    except safefile.NotRegular as exc:
+        return None, _kind(exc.mode)
+    except safefile.TooLarge:
         return None, f"larger than {MAX_BYTES >> 20} MiB"
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
     if b"\0" in data:
         return None, "binary, not a report"
     try:
