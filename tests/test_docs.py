@@ -9,7 +9,8 @@ long are shown in plain ```` ```bash ```` blocks. Every ``autoalloc`` command li
 anywhere (a line of a ``bash``/``sh``/``console`` block, a ``$ `` line of any block, or an
 inline code span starting with ``autoalloc ``) must at least parse with the CLI's own
 argparse parsers, every ```` ```toml ```` block must be a policy with no mistake in it, and
-every relative link must point at a file that exists.
+every relative link must point at a file that exists. The pages are the README, ``docs/`` and
+the measurement records of ``benchmarks/results/``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from autoalloc.policy import Source, salvage
 from autoalloc.sources import parse_toml
 from tests.helpers import REPO, clean_env
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [
+    REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "benchmarks" / "results").glob("*.md")),
+]
 FENCE = re.compile(r"^```(.*)$")
 SHELLS = ("bash", "sh", "shell", "console")
 TRAIN = """\
