@@ -9,7 +9,9 @@ long are shown in plain ```` ```bash ```` blocks. Every ``autoalloc`` command li
 anywhere (a line of a ``bash``/``sh``/``console`` block, a ``$ `` line of any block, or an
 inline code span starting with ``autoalloc ``) must at least parse with the CLI's own
 argparse parsers, every ```` ```toml ```` block must be a policy with no mistake in it, and
-every relative link must point at a file that exists.
+every relative link must point at a file that exists. The pages are the README, ``docs/`` and
+the measurement records of ``benchmarks/results/``. The module map of docs/development.md
+names every module and data file of the package, and nothing else.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from autoalloc.policy import Source, salvage
 from autoalloc.sources import parse_toml
 from tests.helpers import REPO, clean_env
 
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+PAGES = [
+    REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+    *sorted((REPO / "benchmarks" / "results").glob("*.md")),
+]
 FENCE = re.compile(r"^```(.*)$")
 SHELLS = ("bash", "sh", "shell", "console")
 TRAIN = """\
@@ -245,3 +250,41 @@ def test_shown_warning_filter_works(tmp_path: Path, where: str, value: str) -> N
         assert "Invalid -W option" not in result.stderr, f"{where}: {value}: {result.stderr}"
         said = "AutoallocWarning: autoalloc: a policy file has a mistake" in result.stderr
         assert said is not silenced, f"{where}: {value}: {result.stderr}"
+
+
+# -- the module map of docs/development.md ------------------------------------------------------
+
+DEVELOPMENT = REPO / "docs" / "development.md"
+PACKAGE = REPO / "autoalloc"
+# An entry of the map: four spaces, the name, then two spaces or more (its job) or the line's end.
+MAP_ENTRY = re.compile(r"^ {4}([\w./]+)(?= {2,}|$)", flags=re.M)
+
+
+def module_map() -> set[str]:
+    """The names the module map lists: the first fenced block after its heading."""
+    lines = DEVELOPMENT.read_text(encoding="utf-8").splitlines()
+    heading = lines.index("### Module map") + 1  # blocks() counts lines from 1
+    text = next(text for start, _, text in blocks(DEVELOPMENT) if start > heading)
+    return set(MAP_ENTRY.findall(text))
+
+
+def package_files() -> set[str]:
+    """Every module and data file of the package, named as the map names them: ``layercache``,
+    ``ab/recorder``, ``bench/__main__``, ``builtin.toml``."""
+    return {
+        path.relative_to(PACKAGE).as_posix().removesuffix(".py")
+        for path in PACKAGE.rglob("*")
+        if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts
+    }
+
+
+def test_the_module_map_names_every_module() -> None:
+    missing = sorted(package_files() - module_map())
+    assert missing == [], f"docs/development.md's module map does not name {missing}"
+
+
+def test_the_module_map_names_what_exists() -> None:
+    """Nothing removed or renamed stays on the map (its root entries: files of the checkout)."""
+    listed = module_map()
+    gone = sorted(name for name in listed - package_files() if not (REPO / name).is_file())
+    assert gone == [], f"docs/development.md's module map names what does not exist: {gone}"
