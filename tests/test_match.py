@@ -179,6 +179,28 @@ def test_path_globs_agree_with_each_pattern() -> None:
         assert compile_rule(patterns, (), (), ()).script(path) is expected, (patterns, path)
 
 
+def test_rule_patterns_are_a_record_of_named_fields() -> None:
+    """Each pattern is kept with its checks, one field per kind; the layer cache stores only
+    the kinds a rule has."""
+    import dataclasses
+    import pickle
+
+    from autoalloc.globs import NO_PATTERNS, RulePatterns, compile_rule
+
+    names = [f.name for f in dataclasses.fields(RulePatterns)]
+    assert names == ["paths", "names", "modules", "commands", "argv"]
+    compiled = compile_rule(("**/asr/train*.py", "run_*.py"), ("asr.*",), ("asr-train",), ("-v",))
+    assert compiled.paths == (("**/asr/train*.py", frozenset({"asr"})),)
+    assert compiled.names == (("run_*.py", "run_", ".py"),)
+    assert compiled.modules == (("asr.*", "asr.", ""),)
+    assert compiled.commands == (("asr-train", "asr-train", ""),)
+    assert compiled.argv == ("-v",)
+    modules_only = compile_rule((), ("asr.*",), (), ())
+    assert set(modules_only.__getstate__()) == {"modules"}
+    assert pickle.loads(pickle.dumps(modules_only)) == modules_only
+    assert NO_PATTERNS == RulePatterns() and NO_PATTERNS.__getstate__() == {}
+
+
 def test_not_imports_and_not_imports_unless() -> None:
     found = rules(
         {"name": "asr", "imports": ["audio"], "not_imports": ["tts"], "not_imports_unless": ["wer"]},
