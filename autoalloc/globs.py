@@ -304,6 +304,20 @@ class RulePatterns:
                 return True
         return False
 
+    def which_script(self, scripts: Sequence[str], *paths: str) -> str | None:
+        """The first of ``scripts``, the list these patterns were compiled from, that matches
+        the first of ``paths`` any of them matches, or None: what a reason names, in the
+        list's order and spelling, each matched as ``script`` matches it (``~`` expanded as
+        it was at validation, whatever ``HOME`` is now)."""
+        expanded = iter([pattern for pattern, _ in self.paths])
+        compiled = [(p, next(expanded) if "/" in p else p) for p in scripts]
+        for path in paths:
+            if path:  # no real path: skipped, as script() skips it
+                for spelled, pattern in compiled:
+                    if _matches(pattern, "scripts", path):
+                        return spelled
+        return None
+
     def module(self, name: str) -> bool:
         return bool(self.modules) and _any_name(self.modules, name)
 
@@ -312,10 +326,14 @@ class RulePatterns:
 
     def arguments(self, args: Sequence[str]) -> bool:
         """The argv condition: true without one, else when any argument matches."""
+        return not self.argv or self.argument(args) is not None
+
+    def argument(self, args: Sequence[str]) -> str | None:
+        """The first of ``args`` that an argv pattern matches (None without argv patterns)."""
         if not self.argv:
-            return True
+            return None
         regex = _argv_regex(self.argv)
-        return any(regex.match(a) is not None for a in args)
+        return next((a for a in args if regex.match(a) is not None), None)
 
 
 NO_PATTERNS = RulePatterns()
@@ -347,16 +365,20 @@ def _with_bounds(patterns: Iterable[str]) -> tuple[tuple[str, str, str], ...]:
 def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
     """The first of ``patterns`` that matches ``value``, or None.
 
-    ``kind`` says what the patterns are: scripts, modules, commands or argv.
+    ``kind`` says what the patterns are: scripts, modules, commands or argv. Each pattern is
+    matched by the matcher ``RulePatterns`` uses for it, so that the pattern a reason names
+    is one that decided (a rule's script patterns: ``RulePatterns.which_script``).
     """
-    for pattern in patterns:
-        if kind == "scripts" and "/" in pattern:
-            if PathGlob(pattern).match(value):
-                return pattern
-            continue
-        regex = fnmatch.translate(pattern)
-        subject = os.path.basename(value) if kind == "scripts" else value
-        flags = re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)
-        if _compiled(regex + r"\Z", flags).match(subject):
-            return pattern
-    return None
+    if kind == "scripts":
+        return compile_rule(patterns, (), (), ()).which_script(patterns, value)
+    return next((p for p in patterns if _matches(p, kind, value)), None)
+
+
+def _matches(pattern: str, kind: str, value: str) -> bool:
+    if kind == "argv":
+        return _argv_regex((pattern,)).match(value) is not None
+    if kind == "scripts":
+        if "/" in pattern:
+            return _matcher(PathGlob, pattern).match(value)
+        value = os.path.basename(value)
+    return _matcher(NameGlob, pattern).match(value)
