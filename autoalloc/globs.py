@@ -12,8 +12,9 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Sequence
-from operator import itemgetter
+from collections.abc import Iterable, Sequence
+
+from autoalloc.records import record
 
 _DSTAR = object()  # a whole '**' segment: any number of directories
 
@@ -226,22 +227,22 @@ def _matcher(kind: type[NameGlob] | type[PathGlob], pattern: str) -> NameGlob | 
     return found
 
 
-def _any_path(patterns: tuple[str, ...], needs: tuple[frozenset[str], ...], path: str) -> bool:
+def _any_path(paths: tuple[tuple[str, frozenset[str]], ...], path: str) -> bool:
     """Whether any of the ``PathGlob`` patterns matches ``path``: each one's literal segments
-    (``needs``) are a necessary condition checked first, and its matcher is built only for a
-    path that holds them all (a decision looks at every rule of the policy, and most name
-    other paths, whose matchers would cost more to build than all the checks together)."""
+    are a necessary condition checked first, and its matcher is built only for a path that
+    holds them all (a decision looks at every rule of the policy, and most name other paths,
+    whose matchers would cost more to build than all the checks together)."""
     present = _split(path)[1]
-    for pattern, need in zip(patterns, needs):
+    for pattern, need in paths:
         if need <= present and _matcher(PathGlob, pattern).match(path):
             return True
     return False
 
 
-def _any_name(patterns: tuple[str, ...], bounds: tuple[tuple[str, str], ...], name: str) -> bool:
+def _any_name(names: tuple[tuple[str, str, str], ...], name: str) -> bool:
     """Whether any of the ``NameGlob`` patterns matches ``name``: each one's literal prefix
-    and suffix (``bounds``) checked first, as ``_any_path`` checks literal segments."""
-    for pattern, (prefix, suffix) in zip(patterns, bounds):
+    and suffix checked first, as ``_any_path`` checks literal segments."""
+    for pattern, prefix, suffix in names:
         if name.startswith(prefix) and name.endswith(suffix):
             if _matcher(NameGlob, pattern).match(name):
                 return True
@@ -274,52 +275,68 @@ def _any_of(regexes: Sequence[str]) -> str:
     return "|".join(f"(?:{r})" for r in regexes) + r"\Z"
 
 
-class RulePatterns(tuple):
-    """A rule's patterns, with what rejects most values cheaply, worked out at validation:
-    ``(paths, needs, names, name_bounds, modules, module_bounds, commands, command_bounds,
-    argv)``. Script patterns with a ``/`` (``~`` expanded) and each one's literal segments;
-    script patterns without (the file name), module and command patterns, each with its
-    literal prefix and suffix; argument patterns. Empty where the rule has none.
+@record(frozen=True)
+class RulePatterns:
+    """A rule's patterns, each with what rejects most values cheaply, worked out at validation:
+    script patterns with a ``/`` (``~`` expanded) with their literal segments; script patterns
+    without (the file name), module and command patterns, with their literal prefix and
+    suffix; argument patterns. Empty where the rule has none.
 
-    One flat tuple of plain tuples, so that the layer cache stores it with each rule and
-    restores it in C with few objects (a tuple subclass without instance state: no code of
-    this class runs); a per-pattern matcher (``NameGlob``, ``PathGlob``) is built only for a
-    value that gets past the checks, once per process and pattern.
+    Tuples of strings, so that the layer cache stores them with each rule and restores them
+    in C (no code of this record runs then, and an empty field is not stored); a per-pattern
+    matcher (``NameGlob``, ``PathGlob``) is built only for a value that gets past the checks,
+    once per process and pattern.
     """
 
-    __slots__ = ()
-
-    paths = property(itemgetter(0))
-    names = property(itemgetter(2))
-    modules = property(itemgetter(4))
-    commands = property(itemgetter(6))
-    argv = property(itemgetter(8))
+    paths: tuple[tuple[str, frozenset[str]], ...] = ()  # (pattern, its literal segments)
+    names: tuple[tuple[str, str, str], ...] = ()  # (pattern, its literal prefix, suffix)
+    modules: tuple[tuple[str, str, str], ...] = ()
+    commands: tuple[tuple[str, str, str], ...] = ()
+    argv: tuple[str, ...] = ()
 
     def script(self, *paths: str) -> bool:
         for path in paths:
             if not path:
                 continue
-            if self[0] and _any_path(self[0], self[1], path):
+            if self.paths and _any_path(self.paths, path):
                 return True
-            if self[2] and _any_name(self[2], self[3], os.path.basename(path)):
+            if self.names and _any_name(self.names, os.path.basename(path)):
                 return True
         return False
 
+    def which_script(self, scripts: Sequence[str], *paths: str) -> str | None:
+        """The first of ``scripts``, the list these patterns were compiled from, that matches
+        the first of ``paths`` any of them matches, or None: what a reason names, in the
+        list's order and spelling, each matched as ``script`` matches it (``~`` expanded as
+        it was at validation, whatever ``HOME`` is now)."""
+        expanded = iter([pattern for pattern, _ in self.paths])
+        compiled = [(p, next(expanded) if "/" in p else p) for p in scripts]
+        for path in paths:
+            if path:  # no real path: skipped, as script() skips it
+                for spelled, pattern in compiled:
+                    if _matches(pattern, "scripts", path):
+                        return spelled
+        return None
+
     def module(self, name: str) -> bool:
-        return bool(self[4]) and _any_name(self[4], self[5], name)
+        return bool(self.modules) and _any_name(self.modules, name)
 
     def command(self, name: str) -> bool:
-        return bool(self[6]) and _any_name(self[6], self[7], name)
+        return bool(self.commands) and _any_name(self.commands, name)
 
     def arguments(self, args: Sequence[str]) -> bool:
         """The argv condition: true without one, else when any argument matches."""
-        if not self[8]:
-            return True
-        regex = _argv_regex(self[8])
-        return any(regex.match(a) is not None for a in args)
+        return not self.argv or self.argument(args) is not None
+
+    def argument(self, args: Sequence[str]) -> str | None:
+        """The first of ``args`` that an argv pattern matches (None without argv patterns)."""
+        if not self.argv:
+            return None
+        regex = _argv_regex(self.argv)
+        return next((a for a in args if regex.match(a) is not None), None)
 
 
-NO_PATTERNS = RulePatterns(((),) * 9)
+NO_PATTERNS = RulePatterns()
 
 
 def compile_rule(
@@ -332,30 +349,36 @@ def compile_rule(
         for p in scripts
         if "/" in p
     )
-    names = tuple(p for p in scripts if "/" not in p)
-    modules, commands = tuple(modules), tuple(commands)
-    return RulePatterns((
-        paths, tuple(_literals(_path_parts(p)) for p in paths),
-        names, tuple(_bounds(p) for p in names),
-        modules, tuple(_bounds(p) for p in modules),
-        commands, tuple(_bounds(p) for p in commands),
+    return RulePatterns(
+        tuple((p, _literals(_path_parts(p))) for p in paths),
+        _with_bounds(p for p in scripts if "/" not in p),
+        _with_bounds(modules),
+        _with_bounds(commands),
         tuple(argv),
-    ))  # fmt: skip
+    )
+
+
+def _with_bounds(patterns: Iterable[str]) -> tuple[tuple[str, str, str], ...]:
+    return tuple((p, *_bounds(p)) for p in patterns)
 
 
 def which(patterns: Sequence[str], kind: str, value: str) -> str | None:
     """The first of ``patterns`` that matches ``value``, or None.
 
-    ``kind`` says what the patterns are: scripts, modules, commands or argv.
+    ``kind`` says what the patterns are: scripts, modules, commands or argv. Each pattern is
+    matched by the matcher ``RulePatterns`` uses for it, so that the pattern a reason names
+    is one that decided (a rule's script patterns: ``RulePatterns.which_script``).
     """
-    for pattern in patterns:
-        if kind == "scripts" and "/" in pattern:
-            if PathGlob(pattern).match(value):
-                return pattern
-            continue
-        regex = fnmatch.translate(pattern)
-        subject = os.path.basename(value) if kind == "scripts" else value
-        flags = re.DOTALL | (re.IGNORECASE if kind == "argv" else 0)
-        if _compiled(regex + r"\Z", flags).match(subject):
-            return pattern
-    return None
+    if kind == "scripts":
+        return compile_rule(patterns, (), (), ()).which_script(patterns, value)
+    return next((p for p in patterns if _matches(p, kind, value)), None)
+
+
+def _matches(pattern: str, kind: str, value: str) -> bool:
+    if kind == "argv":
+        return _argv_regex((pattern,)).match(value) is not None
+    if kind == "scripts":
+        if "/" in pattern:
+            return _matcher(PathGlob, pattern).match(value)
+        value = os.path.basename(value)
+    return _matcher(NameGlob, pattern).match(value)

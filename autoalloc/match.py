@@ -35,34 +35,22 @@ def argv_reason(rule: Rule, entry: EntryPoint) -> str | None:
     paths = (entry.path,) if entry.realpath == entry.path else (entry.path, entry.realpath)
     reason = None
     if entry.kind == "script" and patterns.script(*paths):
-        reason = f"script matches {_which(rule.scripts, 'scripts', paths)!r}"
+        reason = f"script matches {patterns.which_script(rule.scripts, *paths)!r}"
     elif entry.kind == "module" and patterns.module(entry.target):
         reason = f"module matches {which(rule.modules, 'modules', entry.target)!r}"
     elif entry.kind == "command":
         if patterns.command(entry.target):
             reason = f"command matches {which(rule.commands, 'commands', entry.target)!r}"
         elif patterns.script(*paths):
-            reason = f"command path matches {_which(rule.scripts, 'scripts', paths)!r}"
+            reason = f"command path matches {patterns.which_script(rule.scripts, *paths)!r}"
     # The argv condition last, for a rule whose selectors matched: a command line can carry
     # tens of thousands of arguments, and most rules do not name this program.
-    if reason is None or not patterns.arguments(entry.args):
+    if reason is None or not patterns.argv:
+        return reason
+    arg = patterns.argument(entry.args)
+    if arg is None:
         return None
-    return reason + _argv_note(rule, entry)
-
-
-def _which(patterns: Sequence[str], kind: str, values: Sequence[str]) -> str | None:
-    for value in values:
-        found = which(patterns, kind, value) if value else None
-        if found:
-            return found
-    return None
-
-
-def _argv_note(rule: Rule, entry: EntryPoint) -> str:
-    if not rule.argv:
-        return ""
-    arg = next(a for a in entry.args if which(rule.argv, "argv", a))
-    return f" and argument {arg!r} matches {which(rule.argv, 'argv', arg)!r}"
+    return reason + f" and argument {arg!r} matches {which(rule.argv, 'argv', arg)!r}"
 
 
 def import_trigger(rule: Rule, entry: EntryPoint, imported: Container[str]) -> str | None:

@@ -543,8 +543,12 @@ def _builtin_wrappers_text() -> str:
 def may_wrap(entry: EntryPoint) -> bool:
     """Whether a built-in wrapper could be ``entry``: its module, command or file name is
     quoted in the table. Most programs are not wrappers, and reading the text is much
-    cheaper than parsing the table, which ``builtin_wrappers()`` does only when this says so
-    (the built-in table names its wrappers literally: no glob in wrappers.toml)."""
+    cheaper than parsing the table, which ``builtin_wrappers()`` does only when this says so.
+
+    Assumes what the schema does not require: wrappers.toml writes each module and command
+    pattern as a literal in double quotes (``"name"``), and each script pattern's last
+    segment too (``"name"``, ``".../name"``); a glob there would never be found, and its
+    wrapper never taken off (``test_wrappers`` checks the table)."""
     if entry.kind in ("module", "command"):
         name = entry.target
     elif entry.kind == "script":

@@ -179,6 +179,28 @@ def test_path_globs_agree_with_each_pattern() -> None:
         assert compile_rule(patterns, (), (), ()).script(path) is expected, (patterns, path)
 
 
+def test_rule_patterns_are_a_record_of_named_fields() -> None:
+    """Each pattern is kept with its checks, one field per kind; the layer cache stores only
+    the kinds a rule has."""
+    import dataclasses
+    import pickle
+
+    from autoalloc.globs import NO_PATTERNS, RulePatterns, compile_rule
+
+    names = [f.name for f in dataclasses.fields(RulePatterns)]
+    assert names == ["paths", "names", "modules", "commands", "argv"]
+    compiled = compile_rule(("**/asr/train*.py", "run_*.py"), ("asr.*",), ("asr-train",), ("-v",))
+    assert compiled.paths == (("**/asr/train*.py", frozenset({"asr"})),)
+    assert compiled.names == (("run_*.py", "run_", ".py"),)
+    assert compiled.modules == (("asr.*", "asr.", ""),)
+    assert compiled.commands == (("asr-train", "asr-train", ""),)
+    assert compiled.argv == ("-v",)
+    modules_only = compile_rule((), ("asr.*",), (), ())
+    assert set(modules_only.__getstate__()) == {"modules"}
+    assert pickle.loads(pickle.dumps(modules_only)) == modules_only
+    assert NO_PATTERNS == RulePatterns() and NO_PATTERNS.__getstate__() == {}
+
+
 def test_not_imports_and_not_imports_unless() -> None:
     found = rules(
         {"name": "asr", "imports": ["audio"], "not_imports": ["tts"], "not_imports_unless": ["wer"]},
@@ -224,3 +246,73 @@ def test_a_home_pattern_keeps_the_home_it_was_validated_with(monkeypatch) -> Non
     assert first.script("/home/a/lab/x.py") and not first.script("/home/b/lab/x.py")
     later = compile_rule(("~/lab/*.py",), (), (), ())
     assert later.script("/home/b/lab/x.py") and not later.script("/home/a/lab/x.py")
+
+
+def test_a_reason_names_the_home_pattern_that_decided(monkeypatch) -> None:
+    """The pattern a reason names is found by the matchers that decided: a ``~`` pattern
+    expanded at validation is named after HOME changes, as the rule spells it."""
+    monkeypatch.setenv("HOME", "/home/a")
+    found = rules({"name": "lab", "scripts": ["~/lab/*.py"]})
+    monkeypatch.setenv("HOME", "/home/b")
+    match = first_match(found, script("/home/a/lab/x.py"))
+    assert (match.rule.name, match.reason) == ("lab", "script matches '~/lab/*.py'")
+
+
+def test_a_reason_names_the_first_pattern_in_the_rules_order() -> None:
+    """Path patterns are matched before file-name patterns, but the reason names the first
+    of the rule's list that matches, and the first argument its argv patterns match."""
+    found = rules(
+        {"name": "asr", "scripts": ["x*.py", "train*.py", "**/w/train.py"], "argv": ["*asr*", "-v"]}
+    )
+    entry = script("/w/train.py", "--lr", "-V", "--data=asr.json")
+    assert first_match(found, entry).reason == (
+        "script matches 'train*.py' and argument '-V' matches '-v'"
+    )
+    entry = EntryPoint("command", "tool", ("--asr",), "/w/train.py", "/w/train.py")
+    assert first_match(found, entry).reason == (
+        "command path matches 'train*.py' and argument '--asr' matches '*asr*'"
+    )
+
+
+def _decides(kind: str, patterns: list[str], value: str) -> bool:
+    """Whether a rule with these patterns of ``kind`` matches ``value`` (the decision)."""
+    from autoalloc.globs import compile_rule
+
+    if kind == "argv":
+        return compile_rule((), (), (), patterns).argument([value]) == value
+    if kind == "scripts":
+        return compile_rule(patterns, (), (), ()).script(value)
+    return compile_rule((), patterns, (), ()).module(value)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_the_pattern_named_is_one_the_rule_matched_with(seed: int) -> None:
+    """``which`` (the reason) and ``RulePatterns`` (the decision) answer "does it match" with
+    the same matchers: a value matches a rule exactly when ``which`` names a pattern, the
+    first of the list that matches it alone."""
+    import random
+
+    from autoalloc.globs import which
+
+    rng = random.Random(seed)
+    segments = ["a", "b", "*", "**", "a*", "?", "[ab]", "[!a]"]
+
+    def pattern(kind: str) -> str:
+        if kind == "scripts" and rng.random() < 0.5:
+            return "/".join(rng.choice(segments) for _ in range(rng.randint(1, 4)))
+        return "".join(rng.choice("aAb.*?[]!-") for _ in range(rng.randint(1, 5)))
+
+    def value(kind: str) -> str:
+        if kind == "scripts":
+            return "/" + "/".join(rng.choice(["a", "b", "ab", "a.b"]) for _ in range(4))
+        return "".join(rng.choice("aAb.-[]!") for _ in range(rng.randint(0, 5)))
+
+    for _ in range(1500):
+        kind = rng.choice(["scripts", "modules", "argv"])
+        patterns, got = [pattern(kind) for _ in range(rng.randint(1, 3))], value(kind)
+        named = which(patterns, kind, got)
+        assert (named is not None) is _decides(kind, patterns, got), (kind, patterns, got)
+        if named is not None:
+            earlier = patterns[: patterns.index(named)]
+            assert _decides(kind, [named], got)
+            assert not any(_decides(kind, [p], got) for p in earlier), (kind, patterns, got)

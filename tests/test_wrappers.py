@@ -538,6 +538,34 @@ def test_the_builtin_table_loads_and_is_what_the_policy_uses() -> None:
         assert len(names) == f.read().count("\n[[wrappers]]\n")
 
 
+def test_the_builtin_table_names_its_wrappers_as_may_wrap_looks_for_them() -> None:
+    """``may_wrap`` rules a program out by searching wrappers.toml's text for its module or
+    command name quoted (``"name"``), or its file name at the end of a quoted string
+    (``"name"``, ``".../name"``): every module and command pattern there must be that
+    literal, and every script pattern's last segment. A glob would match programs that text
+    search never finds, and the wrapper would never be taken off."""
+    with open(sources.WRAPPERS_PATH, encoding="utf-8") as f:
+        text = f.read()
+
+    def literal(name: str) -> bool:
+        return bool(name) and not any(c in name for c in "*?[")
+
+    for wrapper in sources.builtin_wrappers():
+        for name in (*wrapper.modules, *wrapper.commands):
+            assert literal(name) and f'"{name}"' in text, (wrapper.name, name)
+            kind = "module" if name in wrapper.modules else "command"
+            entry = EntryPoint(kind, name, (), f"/venv/bin/{name}", f"/venv/bin/{name}")
+            assert wrapper.runs(entry) and sources.may_wrap(entry), (wrapper.name, name)
+        for pattern in wrapper.scripts:
+            last = pattern.rsplit("/", 1)[-1]
+            quoted = f'/{last}"' if "/" in pattern else f'"{last}"'
+            assert literal(last) and quoted in text, (wrapper.name, pattern)
+            path = "/x/" + pattern.replace("**/", "")
+            for kind, target in (("script", path), ("command", last)):
+                entry = EntryPoint(kind, target, (), path, path)
+                assert wrapper.runs(entry) and sources.may_wrap(entry), (wrapper.name, pattern)
+
+
 def test_user_wrapper_validates_replaces_and_disables() -> None:
     user = validate(
         {
