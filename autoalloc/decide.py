@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Container, Mapping
-from dataclasses import field, replace
+from dataclasses import field
 from typing import Any, Literal
 
 from autoalloc import allocconf
@@ -37,7 +37,7 @@ from autoalloc.envvars import APPLIED_VAR, ORIGINAL_VAR
 from autoalloc.match import first_match
 from autoalloc.messages import shortened
 from autoalloc.policy import Policy, Rule, Valued
-from autoalloc.records import record
+from autoalloc.records import record, replace
 from autoalloc.torchinfo import TorchInfo
 
 # ORIGINAL_VAR holds what the allocator variables held before autoalloc wrote them (JSON;

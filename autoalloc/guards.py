@@ -32,12 +32,12 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import field, fields
+from dataclasses import field
 from typing import Any
 
 from autoalloc import allocconf, messages, torchinfo
 from autoalloc.envvars import ORIGINAL_VAR, global_rank
-from autoalloc.records import record
+from autoalloc.records import fields, record
 
 _SETTERS = (
     "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"

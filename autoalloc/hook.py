@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import field, replace
+from dataclasses import field
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -33,7 +33,7 @@ from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR
 from autoalloc.match import pending_triggers, training_names, watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
-from autoalloc.records import record
+from autoalloc.records import record, replace
 from autoalloc.torchinfo import TorchInfo
 from autoalloc.wrappers import Unwrapped
 

@@ -9,17 +9,17 @@ match thus hold plain module names only, and a layer that refers to no lower set
 built-in one, most files) costs nothing here.
 
 Pure: tuples and mappings in, tuples out; the layers ``link`` takes are the ``LayerConfig``
-records of ``policy``, changed with ``dataclasses.replace`` only (this module sits below
+records of ``policy``, changed with ``records.replace`` only (this module sits below
 ``policy`` and ``schema``, which use it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 from autoalloc.problems import PolicyError, Problem
+from autoalloc.records import replace
 
 REF = "@"  # '@name' in a list of module names stands for the names of the module set 'name'
 REF_KEYS = ("imports", "also_imports", "not_imports", "not_imports_unless")  # where it may

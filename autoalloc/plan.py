@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
 
 from autoalloc import messages, sources, wrappers
 from autoalloc.allocconf import InEffect
@@ -20,7 +19,7 @@ from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DISABLE_VAR, disable_problem, flag
 from autoalloc.policy import Policy
-from autoalloc.records import record
+from autoalloc.records import record, replace
 from autoalloc.torchinfo import TorchInfo
 
 

@@ -1,22 +1,22 @@
-"""``@record``: a dataclass whose methods are shared functions instead of generated code.
+"""``@record``: a dataclass-like class whose methods are shared functions, not generated code.
 
 ``dataclasses.dataclass`` writes the source of ``__init__``, ``__repr__``, ``__eq__``,
 ``__hash__`` and (frozen) ``__setattr__``/``__delattr__`` for each class and compiles it,
 and checks every field's annotation for ``ClassVar``/``InitVar``: about 8 million
 instructions for a frozen class of 14 fields, paid at import by every process that imports
-torch, since the decision runs there. ``record`` collects the fields itself (so
-``dataclasses.fields``, ``replace``, ``asdict`` and ``is_dataclass`` work as before),
-generates nothing, and gives the class the same behaviour through functions shared by every
-record: positional and keyword arguments, defaults and ``default_factory``,
-``field(repr=False, compare=False, init=False)``, ``__post_init__``, equality between
-instances of the same class, hashing of the compared fields when frozen (unhashable
-otherwise, as a dataclass), ``FrozenInstanceError``. Not supported, and refused:
-``ClassVar`` and ``InitVar`` fields, a ``field()`` without an annotation. Not provided:
-``__match_args__``, ``__dataclass_params__`` (a ``@dataclass`` deriving from a record).
+torch, since the decision runs there. ``record`` collects the fields itself, declared as for
+a dataclass (annotations, defaults, ``dataclasses.field(...)``), generates nothing, and
+gives the class the same behaviour through functions shared by every record: positional and
+keyword arguments, defaults and ``default_factory``, ``field(repr=False, compare=False,
+init=False)``, ``__post_init__``, equality between instances of the same class, hashing of
+the compared fields when frozen (unhashable otherwise, as a dataclass),
+``FrozenInstanceError``. Not supported, and refused: ``ClassVar`` and ``InitVar`` fields, a
+``field()`` without an annotation. A record is not a dataclass (only public ``dataclasses``
+API is used): ``fields`` and ``replace`` here do what ``dataclasses``' do, and
+``dataclasses.replace`` of a record raises ``TypeError`` rather than half-working.
 Unlike a dataclass, a record pickles (and ``copy`` copies) only the fields that differ from
 their defaults, which the copy then reads from the class: the layer cache stores every rule
-of the policy. Read a record's fields with ``getattr`` or ``dataclasses.fields``, not
-``vars()``.
+of the policy. Read a record's fields with ``getattr`` or ``fields``, not ``vars()``.
 """
 
 from __future__ import annotations
@@ -27,15 +27,31 @@ import sys
 from typing import Any, ClassVar, TypeVar
 
 T = TypeVar("T", bound=type)
+R = TypeVar("R")
 _MISSING = dataclasses.MISSING
-_FIELDS = "__dataclass_fields__"
-# Private API, kept on purpose: dataclasses.fields() lists a field only when it carries this
-# marker, which only dataclasses' own collection sets (or copies, dearer still). The public
-# way, dataclass(init=False, repr=False, eq=False) on each record, generates no method but
-# costs 4.1 M more instructions importing autoalloc.policy and 5.2 M more in the 216-rule
-# decision at import torch (33.8 M): its per-field checks of text annotations cost more than
-# a whole record does.
-_FIELD = dataclasses._FIELD  # type: ignore[attr-defined]  # what dataclasses.fields() lists
+_FIELDS = "__record_fields__"
+
+
+def fields(item: object) -> tuple[dataclasses.Field, ...]:
+    """The fields of a record or record class, in order (as ``dataclasses.fields``)."""
+    try:
+        return tuple(getattr(item, _FIELDS).values())
+    except AttributeError:
+        raise TypeError("must be called with a record or an instance of one") from None
+
+
+def replace(obj: R, /, **changes: Any) -> R:
+    """A new record like ``obj`` with ``changes``, made through ``__init__`` (so
+    ``__post_init__`` runs), as ``dataclasses.replace``: a ``field(init=False)`` cannot be
+    changed."""
+    for made in fields(obj):
+        if not made.init:
+            if made.name in changes:
+                raise ValueError(f"field {made.name} is declared with init=False, "
+                                 "it cannot be specified with replace()")  # fmt: skip
+        elif made.name not in changes:
+            changes[made.name] = getattr(obj, made.name)
+    return type(obj)(**changes)
 
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -141,7 +157,7 @@ def _own_annotations(cls: type) -> dict:
     return vars(cls).get("__annotations__", {})  # pragma: no cover - 3.9
 
 
-def _fields(cls: type) -> dict[str, dataclasses.Field]:
+def _collect(cls: type) -> dict[str, dataclasses.Field]:
     """The fields ``dataclasses`` would collect, without its per-field type checks.
 
     Those of the bases first, then the class's own annotations in order; the default is a
@@ -150,9 +166,7 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
     """
     found: dict[str, dataclasses.Field] = {}
     for base in reversed(cls.__mro__[1:]):
-        for name, made in getattr(base, _FIELDS, {}).items():
-            if made._field_type is _FIELD:  # type: ignore[attr-defined]  # not a pseudo-field
-                found[name] = made
+        found.update(vars(base).get(_FIELDS, {}))
     own = _own_annotations(cls)
     for name, value in cls.__dict__.items():
         if isinstance(value, dataclasses.Field) and name not in own:
@@ -173,7 +187,6 @@ def _fields(cls: type) -> dict[str, dataclasses.Field]:
             raise ValueError(f"mutable default {type(made.default)} for field {name} "
                              "is not allowed: use default_factory")  # fmt: skip
         made.name, made.type = name, kind
-        made._field_type = _FIELD  # type: ignore[attr-defined]
         found[name] = made
     return found
 
@@ -195,8 +208,9 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
     """``@dataclass`` / ``@dataclass(frozen=True)`` without code generation (see above)."""
 
     def wrap(cls: T) -> T:
-        fields = tuple(_fields(cls).values())
-        setattr(cls, _FIELDS, {f.name: f for f in fields})
+        collected = _collect(cls)
+        setattr(cls, _FIELDS, collected)
+        fields = tuple(collected.values())
         cls.__record_init__ = tuple(  # type: ignore[attr-defined]
             (f.name, f.default, f.default_factory) for f in fields if f.init
         )

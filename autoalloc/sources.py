@@ -16,7 +16,6 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import replace
 from typing import Literal
 
 from autoalloc import configdirs, layercache, messages, safefile, wrappers
@@ -36,6 +35,7 @@ from autoalloc.policy import (
     summarize,
     unknown_switches,
 )
+from autoalloc.records import replace
 
 MAX_BYTES = 1 << 20
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from autoalloc import allocconf
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.policy import LayerStatus, Source, compose, validate
+from autoalloc.records import replace
 from autoalloc.torchinfo import TorchInfo, parse_version_file
 from tests.helpers import policy_of
 

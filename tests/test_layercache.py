@@ -424,7 +424,7 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
 def test_a_tampered_value_never_reaches_torch(sandbox) -> None:
     """A well-formed entry whose rule holds a value validation refuses: torch imports, and the
     environment holds only valid options."""
-    from dataclasses import replace
+    from autoalloc.records import replace
 
     sandbox.user_policy(USER)
     script = sandbox.script("train_lab.py")

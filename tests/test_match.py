@@ -182,12 +182,12 @@ def test_path_globs_agree_with_each_pattern() -> None:
 def test_rule_patterns_are_a_record_of_named_fields() -> None:
     """Each pattern is kept with its checks, one field per kind; the layer cache stores only
     the kinds a rule has."""
-    import dataclasses
     import pickle
 
+    from autoalloc import records
     from autoalloc.globs import NO_PATTERNS, RulePatterns, compile_rule
 
-    names = [f.name for f in dataclasses.fields(RulePatterns)]
+    names = [f.name for f in records.fields(RulePatterns)]
     assert names == ["paths", "names", "modules", "commands", "argv"]
     compiled = compile_rule(("**/asr/train*.py", "run_*.py"), ("asr.*",), ("asr-train",), ("-v",))
     assert compiled.paths == (("**/asr/train*.py", frozenset({"asr"})),)

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 import pytest
 
+from autoalloc import records
 from autoalloc.records import record
 
 
@@ -48,7 +49,7 @@ def test_frozen_records_construct_compare_hash_and_show_as_dataclasses() -> None
     for args, kwargs in [(("a",), {}), (("a", 2), {"tags": ("x",)}), ((), {"name": "b", "note": "n"})]:
         mine, theirs = Frozen(*args, **kwargs), DFrozen(*args, **kwargs)
         assert repr(mine) == repr(theirs)
-        assert dataclasses.asdict(mine) == dataclasses.asdict(theirs)
+        assert values(mine) == dataclasses.asdict(theirs)
         assert mine == Frozen(*args, **kwargs)
         with pytest.raises(TypeError):  # a dict field: unhashable, as the dataclass's
             hash(mine)
@@ -68,11 +69,41 @@ def test_frozen_records_refuse_changes_and_replace_makes_a_new_one() -> None:
         item.name = "b"
     with pytest.raises(dataclasses.FrozenInstanceError):
         del item.size
-    changed = dataclasses.replace(item, size=5)
+    changed = records.replace(item, size=5)
     assert (changed.name, changed.size, item.size) == ("a", 5, 1)
-    assert dataclasses.is_dataclass(item) and [f.name for f in dataclasses.fields(item)] == [
-        "name", "size", "tags", "extra", "note",
-    ]
+    assert [f.name for f in records.fields(item)] == ["name", "size", "tags", "extra", "note"]
+    assert records.fields(item) == records.fields(Frozen)
+
+
+def test_a_record_is_not_taken_for_a_dataclass() -> None:
+    """Only public ``dataclasses`` API: a record is not a dataclass, and dataclasses' own
+    functions refuse it loudly instead of half-working; ``records``' do the job."""
+    item = Frozen("a")
+    assert not dataclasses.is_dataclass(item)
+    for function in (dataclasses.fields, dataclasses.asdict):
+        with pytest.raises(TypeError):
+            function(item)
+    with pytest.raises(TypeError):
+        dataclasses.replace(item, size=2)
+    with pytest.raises(TypeError, match="record"):
+        records.fields(object())
+    with pytest.raises(ValueError, match="init=False"):
+        records.replace(define_later(), later=1)
+
+
+def define_later():
+    @record
+    class Later:
+        """A field set after __init__."""
+
+        name: str = "x"
+        later: int = field(default=0, init=False)
+
+    return Later()
+
+
+def values(item: object) -> dict:
+    return {f.name: getattr(item, f.name) for f in records.fields(item)}
 
 
 def test_wrong_arguments_fail_as_a_dataclass_does() -> None:
@@ -137,7 +168,8 @@ def test_post_init_and_fields_outside_init_as_a_dataclass() -> None:
     for cls in (mine, theirs):
         item = cls("ab")
         assert (item.upper, item.seen) == ("AB", [])
-        assert dataclasses.replace(item, name="cd").upper == "CD"
+        change = records.replace if cls is mine else dataclasses.replace
+        assert change(item, name="cd").upper == "CD"
         with pytest.raises(TypeError):
             cls("ab", "AB")
     assert repr(mine("ab")) == repr(theirs("ab"))
@@ -162,7 +194,7 @@ def test_fields_collected_as_a_dataclass_collects_them() -> None:
         return Child
 
     mine, theirs = build(record(frozen=True)), build(dataclass(frozen=True))
-    assert [f.name for f in dataclasses.fields(mine)] == [f.name for f in dataclasses.fields(theirs)]
+    assert [f.name for f in records.fields(mine)] == [f.name for f in dataclasses.fields(theirs)]
     assert repr(mine("a", {}, 2)) == repr(theirs("a", {}, 2))
     assert mine.note == theirs.note == "n"  # the class attributes, as dataclasses leave them
     assert not hasattr(mine, "extra") and not hasattr(theirs, "extra")
@@ -225,8 +257,8 @@ def test_pickle_leaves_out_the_fields_at_their_default() -> None:
     assert set(item.__getstate__()) == {"name", "extra"}
     other = pickle.loads(pickle.dumps(item))
     assert other == item and other.count == 0 and other.tags == ()
-    assert dataclasses.asdict(other) == dataclasses.asdict(item)
-    assert dataclasses.replace(other, count=2).count == 2 and other.count == 0
+    assert values(other) == values(item)
+    assert records.replace(other, count=2).count == 2 and other.count == 0
     falsy = Defaulted("b", False, ("t",))
     assert set(falsy.__getstate__()) == {"name", "count", "tags", "extra"}
     back = pickle.loads(pickle.dumps(falsy))
