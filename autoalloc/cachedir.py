@@ -1,83 +1,25 @@
-"""autoalloc's cache directory as a whole: where it is, opened checked, kept small,
-described and emptied (``autoalloc cache [--clear]``, ``doctor``).
+"""The cache directory as ``autoalloc cache [--clear]`` and ``doctor`` show it: where it is,
+whether the hook can use it and why not, what it holds; and emptying it.
 
-It is ``$XDG_CACHE_HOME/autoalloc`` (else ``~/.cache/autoalloc``) on POSIX systems, reached
-as ``privatedir`` reaches a directory of this user's. ``layercache`` keeps its entries there.
-It stays small: a process that adds an entry removes temporary files older than
-``STALE_SECONDS`` (a writer killed before its rename) and, past ``MAX_ENTRIES``, the least
-recently used quarter of the entries. A read-only, missing or refused directory means no
-cache, and no message in the hook: ``describe`` says where it is, what it holds, or why it
-is not used.
+It is ``$XDG_CACHE_HOME/autoalloc`` (else ``~/.cache/autoalloc``) on POSIX systems, opened
+by ``privatedir`` (a directory of this user's alone); ``layercache`` keeps its entries there
+and keeps it small. A read-only, missing or refused directory means no cache, and no message
+in the hook: ``describe`` says why.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping
 
-from autoalloc import privatedir
-
-MAX_ENTRIES = 128  # past this, a new entry evicts the least recently used quarter
-STALE_SECONDS = 600  # a temporary file this old lost its writer (entries take milliseconds)
-SUFFIX, TEMP = ".pickle", ".tmp"
+from autoalloc import layercache, privatedir
+from autoalloc.layercache import TEMP
 
 
 def path(env: Mapping[str, str] = os.environ) -> str | None:
     """The cache directory's path (None: no cache on this system or without HOME)."""
     where = privatedir.cache_location(env)
     return None if where is None else os.path.join(where[0], *where[1])
-
-
-def open_dir(create: bool, env: Mapping[str, str] = os.environ) -> int:
-    """A descriptor of the cache directory, checked (``privatedir``); raises Refused, or
-    OSError (missing when not ``create``, unreadable)."""
-    where = privatedir.cache_location(env)
-    if where is None:
-        raise privatedir.Refused(
-            "no cache directory: neither XDG_CACHE_HOME nor HOME is an absolute path"
-        )
-    base, names = where
-    return privatedir.open_checked(base, names, create, xdg=names == ("autoalloc",))
-
-
-def unlink(name: str, where: int) -> None:
-    try:
-        os.unlink(name, dir_fd=where)
-    except OSError:
-        pass
-
-
-def _files(where: int) -> list[tuple[str, os.stat_result]]:
-    """The entries and temporary files of the directory ``where`` (nothing else in it)."""
-    out = []
-    for name in os.listdir(where):
-        if name.endswith((SUFFIX, TEMP)):
-            try:
-                st = os.stat(name, dir_fd=where, follow_symlinks=False)
-            except OSError:  # removed meanwhile
-                continue
-            if stat.S_ISREG(st.st_mode):
-                out.append((name, st))
-    return out
-
-
-def tidy(where: int) -> None:
-    """Remove stale temporary files and, past ``MAX_ENTRIES``, the least recently used
-    entries (by access time where the file system keeps it, else by the time written)."""
-    import time
-
-    now = time.time()
-    entries = []
-    for name, st in _files(where):
-        if not name.endswith(TEMP):
-            entries.append((max(st.st_atime, st.st_mtime), name))
-        elif now - st.st_mtime > STALE_SECONDS:
-            unlink(name, where)
-    if len(entries) > MAX_ENTRIES:
-        entries.sort()
-        for _, name in entries[: len(entries) - MAX_ENTRIES * 3 // 4]:
-            unlink(name, where)
 
 
 def describe(env: Mapping[str, str] = os.environ) -> dict:
@@ -87,7 +29,7 @@ def describe(env: Mapping[str, str] = os.environ) -> dict:
     out = {"path": path(env), "used": False, "reason": None, "entries": 0, "bytes": 0,
            "temporary": 0}  # fmt: skip
     try:
-        fd = open_dir(create=False, env=env)
+        fd = privatedir.open_cache_dir(create=False, env=env)
     except FileNotFoundError:
         if where is not None and not os.path.isdir(where[0]) and where[1][0] == ".cache":
             out["reason"] = f"{where[0]} does not exist (HOME is never made)"
@@ -99,7 +41,7 @@ def describe(env: Mapping[str, str] = os.environ) -> dict:
         out["reason"] = str(exc) if is_refused else f"{out['path']}: {exc.strerror}"
         return out
     try:
-        files = _files(fd)
+        files = layercache.files(fd)
     finally:
         os.close(fd)
     out["used"] = True
@@ -113,13 +55,13 @@ def clear(env: Mapping[str, str] = os.environ) -> int:
     """Remove every entry and temporary file (nothing else); how many. Raises Refused or
     OSError where ``describe`` says it is not used."""
     try:
-        fd = open_dir(create=False, env=env)
+        fd = privatedir.open_cache_dir(create=False, env=env)
     except FileNotFoundError:
         return 0
     try:
-        files = _files(fd)
+        files = layercache.files(fd)
         for name, _ in files:
-            unlink(name, fd)
+            layercache.unlink(name, fd)
     finally:
         os.close(fd)
     return len(files)

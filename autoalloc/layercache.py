@@ -9,14 +9,18 @@ used whatever the file's time stamps say. ``configdirs`` keeps platformdirs' ans
 
 As safe as the reading it replaces, and it never writes where another user has a say:
 
-- the entries live in ``cachedir``'s directory, opened as ``privatedir`` opens one, and each
-  file is opened relative to that directory, never by its path;
+- the entries live in the cache directory that ``privatedir`` opens (this user's alone), and
+  each file is opened relative to that directory, never by its path (``cachedir`` shows and
+  clears it: ``autoalloc cache``);
 - an entry is used only when it is owned by this user and writable by nobody else, a regular
   file (not a link), and it unpickles with an unpickler that builds nothing but the record
   classes its caller names: a foreign, corrupt or tampered entry is ignored, silently (and
   the allocator values of a rule are checked again where they are used: ``policy``);
 - an entry is written to a temporary file in the same directory and renamed over the old
-  one, so ranks writing at once each write a whole file and the last one wins.
+  one, so ranks writing at once each write a whole file and the last one wins;
+- it stays small: a process that adds an entry removes temporary files older than
+  ``STALE_SECONDS`` (a writer killed before its rename) and, past ``MAX_ENTRIES``, the least
+  recently used quarter of the entries.
 
 The hook enables it (``enable()``, at ``import torch``); ``explain``, ``check`` and the other
 commands read the files as they are. An entry is also keyed by the identity of autoalloc's
@@ -29,13 +33,17 @@ from __future__ import annotations
 
 import os
 import pickle
+import stat
 import sys
 import zlib
 
-from autoalloc import cachedir, safefile
+from autoalloc import privatedir, safefile
 
 FORMAT = 1
 MAX_BYTES = 64 << 20
+SUFFIX, TEMP = ".pickle", ".tmp"  # an entry, and one being written
+MAX_ENTRIES = 128  # past this, a new entry evicts the least recently used quarter
+STALE_SECONDS = 600  # a temporary file this old lost its writer (entries take milliseconds)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
 _CODE_IDENTITY: list[tuple] = []
@@ -71,15 +79,16 @@ def _loads(blob: bytes, records: tuple[type, ...] = ()) -> object:
 
 
 def _code_identity() -> tuple:
-    """What identifies the code that wrote an entry: every file of the package's own
+    """What identifies the code that wrote an entry: every module of the package's own
     directory (by file, not by loaded module: a process that finds its layers here never
-    imports the validator), and the interpreter; computed once per process."""
+    imports the validator), and the interpreter; computed once per process. The data files
+    need not count: an entry is keyed by the bytes of the file it was made from."""
     if not _CODE_IDENTITY:
         out: list = [FORMAT, sys.implementation.cache_tag]
-        try:
+        try:  # in the directory's own order: the same for the same files, else a miss
             with os.scandir(_HERE) as entries:
-                for entry in sorted(entries, key=lambda e: e.name):
-                    if entry.name.endswith((".py", ".toml")):
+                for entry in entries:
+                    if entry.name.endswith(".py"):
                         st = entry.stat()
                         out.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
         except OSError:  # an unreadable installation: no identity, no cache
@@ -94,11 +103,11 @@ def _name(key: tuple) -> str:
     to them, and two environments sharing a HOME keep theirs."""
     what = (key[:-1], _HERE, sys.implementation.cache_tag)
     digest = zlib.crc32(repr(what).encode("utf-8", "surrogateescape"))
-    return f"{key[0]}-{digest:08x}{cachedir.SUFFIX}"
+    return f"{key[0]}-{digest:08x}{SUFFIX}"
 
 
 def _read(name: str) -> bytes:
-    where = cachedir.open_dir(create=False)
+    where = privatedir.open_cache_dir(create=False)
     try:
         return safefile.read(name, MAX_BYTES, dir_fd=where, nofollow=True, private=True)[0]
     finally:
@@ -132,14 +141,14 @@ def put(kind: str, key: tuple, data: object, value: object, records: tuple[type,
         blob = pickle.dumps((full, data, value), protocol=4)
         if len(blob) > MAX_BYTES or _loads(blob, records)[2] is None:  # what `get` reads back
             return
-        where = cachedir.open_dir(create=True)
+        where = privatedir.open_cache_dir(create=True)
     except Exception:  # unpicklable, refused, read-only, missing: no cache
         return
     try:
         new = not _exists(name, where)
         _write(where, name, blob)
         if new:  # rarely: the first process for a project, a HOME, an upgrade
-            cachedir.tidy(where)
+            _tidy(where)
     except Exception:  # full, raced: no cache
         pass
     finally:
@@ -156,7 +165,7 @@ def _exists(name: str, where: int) -> bool:
 
 def _write(where: int, name: str, blob: bytes) -> None:
     """``name`` in the directory ``where`` holds ``blob``, whole (written aside, renamed)."""
-    temp = f"{name}.{os.getpid()}{cachedir.TEMP}"
+    temp = f"{name}.{os.getpid()}{TEMP}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
     fd = os.open(temp, flags | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=where)
     try:
@@ -168,5 +177,44 @@ def _write(where: int, name: str, blob: bytes) -> None:
             os.close(fd)
         os.replace(temp, name, src_dir_fd=where, dst_dir_fd=where)
     except BaseException:
-        cachedir.unlink(temp, where)
+        unlink(temp, where)
         raise
+
+
+def unlink(name: str, where: int) -> None:
+    try:
+        os.unlink(name, dir_fd=where)
+    except OSError:
+        pass
+
+
+def files(where: int) -> list[tuple[str, os.stat_result]]:
+    """The entries and temporary files of the directory ``where`` (nothing else in it)."""
+    out = []
+    for name in os.listdir(where):
+        if name.endswith((SUFFIX, TEMP)):
+            try:
+                st = os.stat(name, dir_fd=where, follow_symlinks=False)
+            except OSError:  # removed meanwhile
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out.append((name, st))
+    return out
+
+
+def _tidy(where: int) -> None:
+    """Remove stale temporary files and, past ``MAX_ENTRIES``, the least recently used
+    entries (by access time where the file system keeps it, else by the time written)."""
+    import time
+
+    now = time.time()
+    entries = []
+    for name, st in files(where):
+        if not name.endswith(TEMP):
+            entries.append((max(st.st_atime, st.st_mtime), name))
+        elif now - st.st_mtime > STALE_SECONDS:
+            unlink(name, where)
+    if len(entries) > MAX_ENTRIES:
+        entries.sort()
+        for _, name in entries[: len(entries) - MAX_ENTRIES * 3 // 4]:
+            unlink(name, where)

@@ -172,6 +172,8 @@ class LayerStatus:
     table: object = field(default=None, compare=False, repr=False)
     config: LayerConfig | None = field(default=None, compare=False, repr=False)  # validated
     data: bytes = field(default=b"", compare=False, repr=False)  # the bytes read (layercache)
+    # what reading found beside the table: autoalloc keys misplaced in a pyproject.toml
+    notes: tuple[str, ...] = field(default=(), compare=False, repr=False)
 
 
 

@@ -45,6 +45,16 @@ def cache_location(env: Mapping[str, str] = os.environ) -> tuple[str, tuple[str,
     return (home, (".cache", "autoalloc")) if os.path.isabs(home) else None
 
 
+def open_cache_dir(create: bool, env: Mapping[str, str] = os.environ) -> int:
+    """A descriptor of autoalloc's cache directory (``cache_location``), checked; raises
+    Refused, or OSError (missing when not ``create``, unreadable)."""
+    where = cache_location(env)
+    if where is None:
+        raise Refused("no cache directory: neither XDG_CACHE_HOME nor HOME is an absolute path")
+    base, names = where
+    return open_checked(base, names, create, xdg=names == ("autoalloc",))
+
+
 def open_checked(base: str, names: tuple[str, ...], create: bool, xdg: bool) -> int:
     """A descriptor of ``base``/``names``, checked (see the module's docstring); ``xdg``:
     ``base`` is ``XDG_CACHE_HOME``, made when missing and ``create``. Raises Refused, or

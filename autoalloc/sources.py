@@ -116,8 +116,8 @@ def parse_toml(data: bytes) -> dict:
     return table
 
 
-def _whole_document(data: bytes) -> dict | None:
-    return parse_toml(data)
+def _whole_document(data: bytes) -> tuple[object, tuple[str, ...]]:
+    return parse_toml(data), ()
 
 
 # Headers of autoalloc's tables that a pyproject.toml may hold at its top level by mistake
@@ -151,13 +151,14 @@ def _pyproject(data: bytes) -> tuple[object, list[str]]:
     return tool["autoalloc"], found
 
 
-def _tool_autoalloc(data: bytes) -> object:
-    """The ``[tool.autoalloc]`` table (None: none). Raises LayerError when there is none but
-    autoalloc's keys sit at the top level of the file: a policy meant, and not read."""
+def _tool_autoalloc(data: bytes) -> tuple[object, tuple[str, ...]]:
+    """The ``[tool.autoalloc]`` table (None: none) and a sentence for each autoalloc key at the
+    top level. Raises LayerError when there is no table but such keys: a policy meant, and
+    not read."""
     table, found = _pyproject(data)
     if table is None and found:
         raise LayerError(f"it has no [tool.autoalloc] table. {' '.join(found)}")
-    return table
+    return table, tuple(found)
 
 
 def pyproject_problems(path: str, data: bytes) -> list[str]:
@@ -172,8 +173,8 @@ def pyproject_problems(path: str, data: bytes) -> list[str]:
 
 
 # Project file names, in the order they are tried in each directory, and how each holds
-# the policy: the whole document, or the [tool.autoalloc] table.
-LOADERS: dict[str, Callable[[bytes], object]] = {
+# the policy: the whole document, or the [tool.autoalloc] table (with what else was found).
+LOADERS: dict[str, Callable[[bytes], tuple[object, tuple[str, ...]]]] = {
     "autoalloc.toml": _whole_document,
     "pyproject.toml": _tool_autoalloc,
 }
@@ -182,21 +183,26 @@ PROJECT_FILES = tuple(LOADERS)
 
 def policy_table(path: str, data: bytes) -> object:
     """The autoalloc table of a file (None: a pyproject.toml without one). Raises LayerError."""
+    return _table(path, data)[0]
+
+
+def _table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
+    """``policy_table``, and the notes of what else reading found (parsed once)."""
     return LOADERS.get(os.path.basename(path), _whole_document)(data)
 
 
-def _project_table(path: str, data: bytes) -> object:
-    """``policy_table`` for a project candidate; a ``pyproject.toml`` that mentions autoalloc
+def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
+    """``_table`` for a project candidate; a ``pyproject.toml`` that mentions autoalloc
     without a ``[tool.autoalloc]`` table (a dependency list) is remembered as such across
     processes (``layercache``, by its exact bytes), so that no process parses it again."""
     if os.path.basename(path) != "pyproject.toml" or b"autoalloc" not in data:
-        return policy_table(path, data)  # parsed anyway, or not at all (_tool_autoalloc)
+        return _table(path, data)  # parsed anyway, or not at all (_tool_autoalloc)
     if layercache.get("no-table", (path,), data) is True:
-        return None
-    table = policy_table(path, data)
-    if table is None:
+        return None, ()
+    found = _table(path, data)
+    if found[0] is None:
         layercache.put("no-table", (path,), data, True)
-    return table
+    return found
 
 
 def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list[str]:
@@ -281,7 +287,7 @@ def shadowed_table(path: str) -> str | None:
         return None
     sibling = os.path.join(os.path.dirname(path), "pyproject.toml")
     try:
-        return sibling if _tool_autoalloc(read_bytes(sibling)) is not None else None
+        return sibling if _tool_autoalloc(read_bytes(sibling))[0] is not None else None
     except (FileNotFoundError, LayerError):
         return None
 
@@ -374,7 +380,7 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
         if trusted is not None and not is_trusted(path, trusted, st):
             # Another user's pyproject.toml is looked at only to see whether it has our table.
             try:
-                if _project_table(path, data) is None:
+                if _project_table(path, data)[0] is None:
                     return None
             except LayerError:
                 pass
@@ -382,12 +388,12 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
         cached = _cached("project", path, False, data)
         if cached is not None:
             return cached
-        table = _project_table(path, data)
+        table, notes = _project_table(path, data)
     except LayerError as exc:
         return LayerStatus("project", path, "error", str(exc))
     if table is None:
         return None
-    return LayerStatus("project", path, "found", table=table, data=data)
+    return LayerStatus("project", path, "found", table=table, data=data, notes=notes)
 
 
 def _find(
@@ -436,9 +442,9 @@ def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
         config, problems = salvage(read.table, source, allow_trust)
     except PolicyError as exc:
         return replace(read, status="error", message=str(exc))
-    problems = (*pyproject_problems(read.path or "", read.data), *problems)
+    problems = (*read.notes, *problems)
     # A file used in part is "found", with a message saying what was left out.
-    done = replace(read, config=config, message=summarize(problems), table=None)
+    done = replace(read, config=config, message=summarize(problems), table=None, notes=())
     if read.data and read.path:
         key = _layer_key(read.layer, read.path, allow_trust)
         _remember(key, read.data, done)
@@ -480,14 +486,15 @@ def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerSta
         cached = _cached(layer, path, allow_trust, data)
         if cached is not None:
             return cached
-        table = policy_table(path, data)
+        table, notes = _table(path, data)
     except FileNotFoundError:
         return LayerStatus(layer, path, "missing")
     except LayerError as exc:
         return LayerStatus(layer, path, "error", str(exc))
     if table is None:
         return LayerStatus(layer, path, "missing", "no [tool.autoalloc] table")
-    return _validated(LayerStatus(layer, path, "found", table=table, data=data), allow_trust)
+    found = LayerStatus(layer, path, "found", table=table, data=data, notes=notes)
+    return _validated(found, allow_trust)
 
 
 def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:

@@ -479,3 +479,22 @@ def test_two_environments_sharing_a_home_keep_an_entry_each(sandbox) -> None:
         result = decide(sandbox, env={"PYTHONPATH": where[name]})
         parsed[name].append(result["parsed"])
     assert parsed == {"a": [True, False], "b": [True, False]}
+
+
+def test_a_pyproject_policy_is_parsed_once_with_its_misplaced_keys_noted(
+    monkeypatch, tmp_path
+) -> None:
+    """Reading a project pyproject.toml finds its table and the autoalloc keys misplaced at
+    its top level in one parse (a pure-Python parse of a large policy is most of a cold
+    decision)."""
+    monkeypatch.setattr(sources, "_LAYERS", {})
+    parses = []
+    real_parse = sources.parse_toml
+    monkeypatch.setattr(sources, "parse_toml", lambda *a: parses.append(1) or real_parse(*a))
+    path = tmp_path / "pyproject.toml"
+    path.write_text('disable = ["x"]\n[tool.autoalloc]\n[[tool.autoalloc.rules]]\n'
+                    'name = "a"\nscripts = ["a.py"]\n')
+    layer = sources.load_file("project", str(path), allow_trust=False)
+    assert layer.status == "found" and [r.name for r in layer.config.rules] == ["a"]
+    assert "tool.autoalloc" in layer.message
+    assert "disable" in layer.message and parses == [1]
