@@ -9,9 +9,8 @@ used whatever the file's time stamps say. ``configdirs`` keeps platformdirs' ans
 
 As safe as the reading it replaces, and it never writes where another user has a say:
 
-- the entries live in the cache directory that ``privatedir`` opens (this user's alone), and
-  each file is opened relative to that directory, never by its path (``cachedir`` shows and
-  clears it: ``autoalloc cache``);
+- the entries live in the cache directory ``privatedir`` opens (this user's alone), each
+  opened relative to it, never by path (``cachedir`` shows it and clears it);
 - an entry is used only when it is owned by this user and writable by nobody else, a regular
   file (not a link), and it unpickles with an unpickler that builds nothing but the record
   classes its caller names: a foreign, corrupt or tampered entry is ignored, silently (and
@@ -46,7 +45,7 @@ MAX_ENTRIES = 128  # past this, a new entry evicts the least recently used quart
 STALE_SECONDS = 600  # a temporary file this old lost its writer (entries take milliseconds)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
-_CODE_IDENTITY: list[tuple] = []
+_CODE_IDENTITY: list[str] = []
 
 
 def enable() -> None:
@@ -78,11 +77,11 @@ def _loads(blob: bytes, records: tuple[type, ...] = ()) -> object:
     return _Unpickler(blob, records).load()
 
 
-def _code_identity() -> tuple:
-    """What identifies the code that wrote an entry: every module of the package's own
-    directory (by file, not by loaded module: a process that finds its layers here never
-    imports the validator), and the interpreter; computed once per process. The data files
-    need not count: an entry is keyed by the bytes of the file it was made from."""
+def _code_identity() -> str:
+    """A 64-bit digest of the code that writes entries: every module file of the package
+    (not the loaded modules: a process that finds its layers here never imports the
+    validator) and the interpreter; "" when it cannot be told. Data files need not count:
+    an entry is keyed by the bytes of the file it was made from."""
     if not _CODE_IDENTITY:
         out: list = [FORMAT, sys.implementation.cache_tag]
         try:  # in the directory's own order: the same for the same files, else a miss
@@ -93,7 +92,8 @@ def _code_identity() -> tuple:
                         out.append((entry.name, st.st_size, st.st_mtime_ns, st.st_ino))
         except OSError:  # an unreadable installation: no identity, no cache
             out = []
-        _CODE_IDENTITY.append(tuple(out))
+        text = repr(out).encode("utf-8", "surrogateescape")
+        _CODE_IDENTITY.append(f"{zlib.crc32(text):08x}{zlib.adler32(text):08x}" if out else "")
     return _CODE_IDENTITY[0]
 
 

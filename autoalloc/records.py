@@ -135,11 +135,19 @@ _SCALARS = (str, int, bool, bytes, type(None))
 
 
 def _same(value: object, default: object) -> bool:
-    # equal scalars of the same type, or the very object (the empty tuple); a container that
-    # is only equal could hold equal elements of another type (1 for True), and a float
+    # equal scalars of the same type, the very object, or two empty tuples or frozensets
+    # (Python 3.9 makes new empty tuples, from tuple() of an empty generator); a container
+    # that is only equal could hold equal elements of another type (1 for True), and a float
     # another sign (-0.0 for 0.0)
-    return value is default or (type(value) is type(default) and type(value) in _SCALARS
-                                and value == default)  # fmt: skip
+    if value is default:
+        return True
+    kind = type(value)
+    if kind is not type(default):
+        return False
+    return value == default if kind in _SCALARS else kind in _EMPTIES and not value and not default
+
+
+_EMPTIES = (tuple, frozenset)
 
 
 def _frozen_setattr(self: Any, name: str, value: object) -> None:
