@@ -350,6 +350,10 @@ on:  the options the policy's deciding rule applies for CMD (see `autoalloc expl
      applies any, the policy's [allocator] defaults.
 off: AUTOALLOC_DISABLE=1 and expandable_segments:False; the rest of the environment unchanged.
 
+CMD's Python must have autoalloc installed (the reports come from its startup hook): ab checks
+first and, where it is missing, prints the pip command that installs this autoalloc there
+from where this one came (a clone, a wheel, a repository URL).
+
 An ab run is a measurement, not a training run: each run ends after warm-up + N steps
 (AUTOALLOC_AB_STOP_AFTER; every rank of a torchrun job stops at the same step) with exit
 status 0, whatever the trainer had planned. Checkpoints, logs and outputs the command writes

@@ -23,7 +23,14 @@ import pytest
 
 from autoalloc import cli, decide, entrypoint, sources
 from autoalloc.messages import shortened
-from tests.helpers import PY, Sandbox, assert_untouched, autoalloc_warnings, clean_env
+from tests.helpers import (
+    PY,
+    REPO,
+    Sandbox,
+    assert_untouched,
+    autoalloc_warnings,
+    clean_env,
+)
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(
@@ -165,7 +172,28 @@ def test_ab_with_an_interpreter_without_autoalloc_says_so_before_running(tmp_pat
     assert result.returncode == 2
     assert f"{other} does not have autoalloc" in result.stderr
     assert "ab -- ..." in result.stderr and "Traceback" not in result.stderr
+    # the test venv's autoalloc is this checkout, installed editable: the line installs it
+    assert f"{other} -m pip install {REPO}" in result.stderr
     assert not marker.exists()  # the program never ran
+
+
+def test_the_install_line_names_where_this_autoalloc_came_from() -> None:
+    """autoalloc is not on the package index: the line ab prints installs it from the clone,
+    the wheel or the repository URL it was installed from (PEP 610), never `pip install
+    autoalloc`."""
+    from autoalloc.ab.interpreter import install_line
+
+    def line(origin: str | None) -> str:
+        return install_line("/v/bin/python", origin)
+
+    editable = '{"url": "file:///home/me/my%20src/autoalloc", "dir_info": {"editable": true}}'
+    assert line(editable) == "/v/bin/python -m pip install '/home/me/my src/autoalloc'"
+    wheel = '{"url": "file:///w/autoalloc-0.1.0-py3-none-any.whl", "archive_info": {}}'
+    assert line(wheel) == "/v/bin/python -m pip install /w/autoalloc-0.1.0-py3-none-any.whl"
+    vcs = '{"url": "https://example.org/autoalloc", "vcs_info": {"vcs": "git", "commit_id": "ab1"}}'
+    assert line(vcs) == "/v/bin/python -m pip install git+https://example.org/autoalloc@ab1"
+    for unknown in ("", "not json", '{"no": "url"}', "[]"):
+        assert "-m pip install ./autoalloc, from the folder that holds your clone" in line(unknown)
 
 
 def test_ab_default_output_is_outside_the_project_and_named(tmp_path: Path) -> None:

@@ -73,6 +73,38 @@ def advice(python: str) -> str:
     own = os.path.join(bindir, "autoalloc") if bindir else "autoalloc"
     return (
         f"{python} does not have autoalloc, so its processes write no report and nothing "
-        "can be compared; install autoalloc there the way you installed it here "
-        f"({python} -m pip install ...) and run that environment's own `{own} ab -- ...`"
+        f"can be compared; install it there ({install_line(python)}) and run that "
+        f"environment's own `{own} ab -- ...`"
     )
+
+
+def install_line(python: str, direct_url: str | None = None) -> str:
+    """A pip command that installs this autoalloc into ``python``'s environment from where
+    this one came (PEP 610's ``direct_url.json``: a clone or a wheel on disk, a VCS URL);
+    autoalloc is not on the package index. ``direct_url``: that file's text (read here when
+    None)."""
+    import json
+    import shlex
+
+    if direct_url is None:
+        try:
+            from importlib.metadata import distribution
+
+            direct_url = distribution("autoalloc").read_text("direct_url.json")
+        except Exception:
+            direct_url = None
+    try:
+        origin = json.loads(direct_url or "{}")
+        url = origin["url"]
+    except (ValueError, KeyError, TypeError):
+        return f"{python} -m pip install ./autoalloc, from the folder that holds your clone"
+    if url.startswith("file://"):
+        from urllib.parse import unquote, urlsplit
+
+        source = unquote(urlsplit(url).path)
+    elif isinstance(origin.get("vcs_info"), dict):
+        vcs = origin["vcs_info"]
+        source = f"{vcs.get('vcs', 'git')}+{url}@{vcs.get('commit_id', '')}".rstrip("@")
+    else:
+        source = url
+    return f"{shlex.quote(python)} -m pip install {shlex.quote(source)}"
