@@ -271,6 +271,7 @@ def test_a_speech_to_text_trainer_with_text_targets(sandbox: Sandbox) -> None:
     assert "pyopenjtalk of its not_imports too, outweighed by jiwer" in result.stderr
 
 
+@pytest.mark.slow  # decided in test_builtin_policy (TRAINS); coqui trainers: test_real_libraries
 def test_a_tts_trainer_is_off_until_audio_training_is_enabled(sandbox: Sandbox) -> None:
     env = _site(sandbox, "phonemizer", "auraloss")
     body = "import phonemizer, auraloss, soundfile\n" + SPEECH_FINETUNE.replace(STACK_LINE, "")
