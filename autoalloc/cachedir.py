@@ -16,17 +16,12 @@ from autoalloc import layercache, privatedir
 from autoalloc.layercache import TEMP
 
 
-def path(env: Mapping[str, str] = os.environ) -> str | None:
-    """The cache directory's path (None: no cache on this system or without HOME)."""
-    where = privatedir.cache_location(env)
-    return None if where is None else os.path.join(where[0], *where[1])
-
-
 def describe(env: Mapping[str, str] = os.environ) -> dict:
     """Where the cache is, whether the hook can use it (and why not), its entries and their
     bytes."""
     where = privatedir.cache_location(env)
-    out = {"path": path(env), "used": False, "reason": None, "entries": 0, "bytes": 0,
+    path = None if where is None else os.path.join(where[0], *where[1])
+    out = {"path": path, "used": False, "reason": None, "entries": 0, "bytes": 0,
            "temporary": 0}  # fmt: skip
     try:
         fd = privatedir.open_cache_dir(create=False, env=env)
@@ -38,7 +33,7 @@ def describe(env: Mapping[str, str] = os.environ) -> dict:
         return out
     except OSError as exc:
         is_refused = isinstance(exc, privatedir.Refused)
-        out["reason"] = str(exc) if is_refused else f"{out['path']}: {exc.strerror}"
+        out["reason"] = str(exc) if is_refused else f"{path}: {exc.strerror}"
         return out
     try:
         files = layercache.files(fd)

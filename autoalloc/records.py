@@ -218,20 +218,20 @@ def record(cls: T | None = None, /, *, frozen: bool = False) -> Any:
     def wrap(cls: T) -> T:
         collected = _collect(cls)
         setattr(cls, _FIELDS, collected)
-        fields = tuple(collected.values())
+        declared = tuple(collected.values())
         cls.__record_init__ = tuple(  # type: ignore[attr-defined]
-            (f.name, f.default, f.default_factory) for f in fields if f.init
+            (f.name, f.default, f.default_factory) for f in declared if f.init
         )
         cls.__record_later__ = tuple(  # type: ignore[attr-defined]
             (f.name, f.default, f.default_factory)
-            for f in fields
+            for f in declared
             if not f.init and (f.default is not _MISSING or f.default_factory is not _MISSING)
         )
-        cls.__record_repr__ = tuple(f.name for f in fields if f.repr)  # type: ignore[attr-defined]
+        cls.__record_repr__ = tuple(f.name for f in declared if f.repr)  # type: ignore[attr-defined]
         cls.__record_defaults__ = {  # type: ignore[attr-defined]
-            f.name: f.default for f in fields if f.default is not _MISSING
+            f.name: f.default for f in declared if f.default is not _MISSING
         }
-        compared = tuple(f.name for f in fields if f.compare)
+        compared = tuple(f.name for f in declared if f.compare)
         cls.__record_compare__ = compared  # type: ignore[attr-defined]
         own = cls.__dict__
         for name, function in (("__init__", _init), ("__repr__", _repr), ("__eq__", _eq)):
