@@ -210,6 +210,8 @@ class Own:
             return False
         if isinstance(module, str) and module.partition(".")[0] in self.packages:
             return True
+        if module == "__main__" and isinstance(path, str) and path.startswith("<"):
+            return True  # the program's own text: python -c, stdin, a REPL or notebook cell
         return is_own_file(path, self.libraries)
 
 
@@ -251,10 +253,57 @@ def _own_modules(modules: Mapping[str, object], own: Own) -> Iterator[ModuleType
             yield module
 
 
-def own_files(modules: Mapping[str, object], own: Own) -> list[str]:
-    """The files of the program's own modules that have executed, ``__main__`` first."""
-    paths = (m.__dict__.get("__file__") for m in _own_modules(modules, own))
-    return list(dict.fromkeys(p for p in paths if isinstance(p, str)))
+def own_files(
+    modules: Mapping[str, object], own: Own, frames: Iterable[FrameType] = ()
+) -> dict[str, dict]:
+    """The files of the program's own modules that have executed (``__main__`` first) and of
+    its own code in ``frames``, each with its globals (whose loader reads a zipped one)."""
+    out: dict[str, dict] = {}
+    for module in _own_modules(modules, own):
+        path = module.__dict__.get("__file__")
+        if isinstance(path, str):
+            out.setdefault(path, module.__dict__)
+    for frame in frames:
+        path = frame.f_code.co_filename
+        if own.code(path, frame.f_globals.get("__name__")) and not path.startswith("<"):
+            out.setdefault(path, frame.f_globals)
+    return out
+
+
+def own_named(names: Iterable[str], modules: Mapping[str, object], entry: object) -> set[str]:
+    """Of ``names``, those whose top-level module is the program's own, not the library of the
+    same name: a module or package that lies in the script's folder or the working directory
+    (an own ``tgt.py`` is not the TextGrid library)."""
+    where = {os.path.dirname(getattr(entry, "path", "") or "")}
+    try:
+        where.add(os.getcwd())
+    except OSError:
+        pass
+    out = set()
+    for name in names:
+        module = modules.get(name.partition(".")[0])
+        if issubclass(type(module), ModuleType) and not pending(module):
+            path = module.__dict__.get("__file__")
+            if isinstance(path, str) and local(path) in where:
+                out.add(name)
+    return out
+
+
+def local(path: str) -> str:
+    """The folder a module file is imported from: a package's parent, a module's own."""
+    folder = os.path.dirname(os.path.abspath(path))
+    return os.path.dirname(folder) if os.path.basename(path) == "__init__.py" else folder
+
+
+def attributes(names: Iterable[str], modules: Mapping[str, object]) -> set[str]:
+    """Of ``names``, those inside a loaded module that are not modules themselves
+    (``torch.nn.CTCLoss``, ``evaluate.load:wer``): what only the program's code shows."""
+    out = set()
+    for name in names:
+        parent = name.partition(":")[0].rpartition(".")[0]
+        if name not in modules and parent and type(modules.get(parent)) is ModuleType:
+            out.add(name)
+    return out
 
 
 def entry_packages(kind: str, target: str, main: object) -> frozenset[str]:

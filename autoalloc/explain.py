@@ -15,11 +15,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from autoalloc import entrypoint, evidence, scan, selfimports, torchinfo, wrappers
+from autoalloc import entrypoint, scan, selfimports, torchinfo, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match, pending_triggers, watches_training
-from autoalloc.plan import Plan, plan
+from autoalloc.plan import Plan, library_names, plan, shown
 from autoalloc.policy import LayerConfig, Policy, Rule, Source, compose
+from autoalloc.records import replace
 
 _RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
 _RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
@@ -170,99 +171,132 @@ def explain(
 
 
 def predict(result: Plan, env: Mapping[str, str], cwd: str | None) -> dict[str, Any] | None:
-    """What a script's own source says it will get at run time (``scan``), for a script that
-    nothing decides at ``import torch`` and a policy with ``training`` rules; or that the
-    script does not exist. None: nothing to predict."""
-    entry, cwd = result.decided_for, cwd or os.getcwd()
+    """What a script's own source says it will get, and when: before torch starts (the plan
+    decided from it), at its first optimizer, or never; or that the script does not exist.
+    For a script or own ``-m`` module that no command-line rule decides, under a policy with
+    ``training`` rules. None: nothing to predict."""
+    entry = result.decided_for
     if entry.kind not in ("script", "module") or result.policy is None:
         return None
-    path = entry.path if entry.kind == "script" else _module_file(entry.target, cwd)
-    if entry.kind == "script" and not os.path.isfile(path):
-        return {"outcome": "missing", "text": f"no such script: {path} (below: what a "
+    if entry.kind == "script" and not os.path.isfile(entry.path):
+        return {"outcome": "missing", "text": f"no such script: {entry.path} (below: what a "
                 "script at that path would get)"}
-    if path is None or result.decision.action != "none":
+    found = result.source
+    if found is None:
         return None
-    if not watches_training(result.policy.rules):
-        return None
-    found = scan.scan(path, entry.args, cwd, evidence.installed_dirs())
     out: dict[str, Any] = {
         "evidence": found.names, "optimizer": found.optimizer, "unknown": list(found.unknown),
         "files": len(found.files), "configs": list(found.configs), "complete": found.complete,
+        "unread": list(found.unread),
     }
-    after = result.after_training(env, found.imported(), late=True)
+    if result.decision.action == "apply":  # the plan decided from the source
+        rule = result.decision.rule
+        text = f"apply before torch starts ({rule}: {_reason(result.decision.reason)})"
+        return out | {"outcome": "apply", "when": "before torch starts", "rule": rule,
+                      "text": text}
+    after = result.after_training(env, _source_names(result, found), late=True)
     rule = after.decision.rule if after.decision.action == "apply" else None
-    return out | _outcome(result, env, found, rule)
+    outcome = _outcome(result, env, found, rule)
+    if found.unread and outcome["outcome"] != "apply":
+        outcome["text"] += f"; not read: {_unread(found.unread)}"
+    return out | outcome
 
 
-def _module_file(module: str, cwd: str) -> str | None:
-    """The file ``python -m module`` runs, when it is the program's own (under ``cwd``)."""
-    base = os.path.join(cwd, *module.split("."))
-    for path in (os.path.join(base, "__main__.py"), base + ".py"):
-        if os.path.isfile(path):
-            return path
-    return None
+def _source_names(result: Plan, found: scan.Scan) -> frozenset[str]:
+    return found.imported(library_names(result.policy.rules if result.policy else ()))
+
+
+def _reason(reason: str) -> str:
+    return reason.partition(": ")[2] or reason
+
+
+def _unread(unread: Sequence[str]) -> str:
+    more = f" and {len(unread) - 2} more" if len(unread) > 2 else ""
+    return ", ".join(os.path.basename(u) for u in unread[:2]) + more
 
 
 def _outcome(
     result: Plan, env: Mapping[str, str], found: scan.Scan, rule: str | None
 ) -> dict[str, Any]:
-    """The prediction's outcome and its one-line text."""
-    unknown = "; ".join(found.unknown[:2])
+    """The prediction's outcome, when, and its one-line text."""
+    policy = result.policy
     if rule is not None:
-        why = _why(result.policy, rule, found)
+        why = shown(next(r for r in policy.rules if r.name == rule), found) if policy else ""
         if found.optimizer is None:
             text = (f"depends on whether it builds an optimizer: none found in its source "
                     f"({rule} would apply: {why})")
-            return {"outcome": "depends", "rule": rule, "text": text}
-        text = f"apply at its first optimizer ({rule}: {why}; builds {found.optimizer})"
-        return {"outcome": "apply", "rule": rule, "text": text}
-    other = _would_enable(result, env, found)
+            return {"outcome": "depends", "when": None, "rule": rule, "text": text}
+        text = f"apply at its first optimizer ({rule}: {why})"
+        return {"outcome": "apply", "when": "at its first optimizer", "rule": rule, "text": text}
+    off = {"outcome": "off", "when": None, "rule": None}
+    other = _would_enable(result, found)
     if other is not None:
-        kind = "trains other audio " if other == "audio-training" else ""
-        text = f'stays off: {kind}({other} would take it: enable = ["{other}"])'
-        return {"outcome": "off", "rule": None, "would_enable": other, "text": text}
-    if unknown:
-        return {"outcome": "depends", "rule": None,
+        name, how = other
+        return off | {"would_enable": name, "text": f"stays off: {how}"}
+    if found.files and found.script not in found.files:
+        return {"outcome": "depends", "when": None, "rule": None,
+                "text": "depends on what its source does: it could not be read"}
+    if found.unknown:
+        unknown = "; ".join(found.unknown[:2])
+        return {"outcome": "depends", "when": None, "rule": None,
                 "text": f"depends on what it imports at run time: {unknown}"}
     if found.optimizer is None:
-        return {"outcome": "off", "rule": None, "text": "stays off: builds no optimizer"}
-    return {"outcome": "off", "rule": None, "text": "stays off: it imports nothing a training "
-            f"rule counts (builds {found.optimizer})"}
+        return off | {"text": "stays off: builds no optimizer"}
+    missing = _no_speech_signal(result, found)
+    if missing is not None:
+        return off | {"text": missing}
+    return off | {"text": "stays off: it imports nothing a training rule counts "
+                          f"(builds {found.optimizer})"}
 
 
-def _why(policy: Policy | None, name: str, found: scan.Scan) -> str:
-    """``imports soundfile at own.py:1 and jiwer at own.py:3``: the names that made the rule."""
-    rule = next(r for r in (policy.rules if policy else ()) if r.name == name)
-    imported = found.imported()
-    shown = []
-    for names in (rule.imports, rule.also_imports):
-        hit = next((n for n in names if n in imported), None)
-        if hit is not None and hit not in shown:
-            shown.append(hit)
-    return "imports " + " and ".join(f"{n} at {_where(n, found)}" for n in shown)
+def _would_enable(result: Plan, found: scan.Scan) -> tuple[str, str] | None:
+    """A rule that is off (until enabled, or switched off by a layer) and would take the
+    program if it were on: its name, and the first line's words for it."""
+    policy = result.policy
+    if policy is None:
+        return None
+    for key, why in policy.dropped.items():
+        name = key.partition("@")[0]
+        if why.startswith("off until enabled"):
+            extra = LayerConfig(Source("user", "<explain>"), enable=(name,))
+            configs = [*policy.configs, extra]
+        elif why.startswith("disabled by "):
+            configs = [replace(c, disable=tuple(n for n in c.disable if n != name))
+                       for c in policy.configs]  # fmt: skip
+        else:
+            continue
+        match = first_match(compose(configs).rules, result.decided_for,
+                            _source_names(result, found), trains=True)
+        if match.rule is None or match.rule.name != name or not match.rule.training:
+            continue
+        if why.startswith("disabled by "):
+            where = why.removeprefix("disabled by ")
+            return name, f'{name} would take it, but {where} switches it off (disable = ["{name}"])'
+        kind = "trains other audio " if name == "audio-training" else ""
+        return name, f'{kind}({name} would take it: enable = ["{name}"])'
+    return None
+
+
+def _no_speech_signal(result: Plan, found: scan.Scan) -> str | None:
+    """For a program that trains with an audio stack of its own but shows nothing of the text
+    side: the signal that is missing, and the rule that opts it in."""
+    policy = result.policy
+    rule = next((r for r in policy.rules if r.name == "speech-training"), None) if policy else None
+    imported = _source_names(result, found)
+    audio = next((n for n in rule.imports if n in imported), None) if rule else None
+    if audio is None:
+        return None
+    script = os.path.basename(found.script)
+    return (f"stays off: it trains with audio ({audio} at {_where(audio, found)}) but shows no "
+            "speech-to-text signal (a CTC or RNN-T loss, a WER/CER metric, a tokenizer or text "
+            "model); if it is speech-to-text, opt it in with two lines in autoalloc.toml: "
+            f'[[rules]] / scripts = ["{script}"]')
 
 
 def _where(name: str, found: scan.Scan) -> str:
     if name in found.names:
         return found.names[name]
     return next(w for n, w in found.names.items() if n.startswith(name + "."))
-
-
-def _would_enable(result: Plan, env: Mapping[str, str], found: scan.Scan) -> str | None:
-    """An off-until-enabled rule that would take the program once enabled."""
-    policy = result.policy
-    if policy is None:
-        return None
-    for key, why in policy.dropped.items():
-        name = key.partition("@")[0]
-        if not why.startswith("off until enabled"):
-            continue
-        extra = LayerConfig(Source("user", "<explain>"), enable=(name,))
-        enabled = compose([*policy.configs, extra])
-        match = first_match(enabled.rules, result.decided_for, found.imported(), trains=True)
-        if match.rule is not None and match.rule.name == name and match.rule.training:
-            return name
-    return None
 
 
 def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> list[dict[str, Any]]:

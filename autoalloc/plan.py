@@ -13,12 +13,13 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 
-from autoalloc import messages, sources, wrappers
+from autoalloc import messages, scan, sources, wrappers
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision, decide, disabled, layer_warnings, resolve
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DISABLE_VAR, disable_problem, flag
-from autoalloc.policy import Policy
+from autoalloc.match import first_match, training_names, watches_training
+from autoalloc.policy import Policy, Rule
 from autoalloc.records import record, replace
 from autoalloc.torchinfo import TorchInfo
 
@@ -37,6 +38,7 @@ class Plan:
     imported: frozenset[str]  # the modules the decision counted as imported
     program: wrappers.Unwrapped | None = None  # the wrappers taken off (outermost first)
     trains: bool = False  # the decision counted the process as having built an optimizer
+    source: scan.Scan | None = None  # the program's own source, where it was read
 
     def after_import(
         self, name: str, env: Mapping[str, str], imported: Iterable[str], late: bool,
@@ -160,13 +162,92 @@ def plan(
         if unclear is not None:
             decision = replace(decision, warnings=(*decision.warnings, unclear))
         return Plan(**made, policy=None, decision=decision)
-    # 4. The decision.
+    # 4. The decision; 5. where no rule decides, what the program's own source shows.
+    source = None
     if rule is None:
         decision = decide(policy, matched, env, torch, seen, late=late, platform=platform,
                           trains=trains)
+        if decision.action == "none" and not (late or trains):
+            source = read_source(policy, program.entry, cwd)
+            early = _early(policy, matched, env, torch, seen, platform, source)
+            decision = early or decision
     else:
         decision = _as_if(policy, rule, matched, env, torch, late, platform)
-    return Plan(**made, policy=policy, decision=decision, trains=trains)
+    return Plan(**made, policy=policy, decision=decision, trains=trains, source=source)
+
+
+def read_source(policy: Policy, entry: EntryPoint, cwd: str | None) -> scan.Scan | None:
+    """The program's own source as the ``training`` rules read it (``scan``, remembered across
+    processes): a script's, or a ``-m`` module's under the working directory; None where
+    there is none, or no rule reads it."""
+    if entry.kind not in ("script", "module") or not watches_training(policy.rules):
+        return None
+    cwd = cwd or os.getcwd()
+    path = entry.path if entry.kind == "script" else module_file(entry.target, cwd)
+    if path is None or not os.path.isfile(path):
+        return None
+    from autoalloc import evidence
+
+    wanted = training_names(policy.rules)
+    return scan.cached(path, entry.args, cwd, evidence.installed_dirs(), wanted)
+
+
+def module_file(module: str, cwd: str) -> str | None:
+    """The file ``python -m module`` runs, when it is the program's own (under ``cwd``)."""
+    base = os.path.join(cwd, *module.split("."))
+    for path in (os.path.join(base, "__main__.py"), base + ".py"):
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def _early(
+    policy: Policy, entry: EntryPoint, env: Mapping[str, str], torch: TorchInfo | None,
+    seen: frozenset[str], platform: str, found: scan.Scan | None,
+) -> Decision | None:
+    """The decision before torch starts, where the entry script itself builds an optimizer
+    (or runs a trainer) and a ``training`` rule applies to what the source shows: the
+    weights and every child get the options, as for a named entry point. What a training
+    rule names counts from the source only (what else is loaded is not the program's word)."""
+    if found is None or not found.builds_here:
+        return None
+    imported = (seen - training_names(policy.rules)) | found.imported(library_names(policy.rules))
+    match = first_match(policy.rules, entry, imported, trains=True)
+    if match.rule is None or match.rule.action != "apply" or not match.rule.training:
+        return None
+    decision = decide(policy, entry, env, torch, imported, platform=platform, trains=True)
+    if decision.action != "apply":
+        return None
+    return replace(decision, reason=f"its source shows it trains: {shown(match.rule, found)}")
+
+
+def library_names(rules: Iterable[Rule]) -> frozenset[str]:
+    """The ``training`` rules' names that only the built-in policy gives: names of libraries,
+    which a module of the program's own of the same name never stands for (an own
+    ``tgt.py`` is not the TextGrid library); a name a user's rule gives may be their own."""
+    rules = tuple(rules)
+    builtin = training_names(r for r in rules if r.source.layer == "builtin")
+    return builtin - training_names(r for r in rules if r.source.layer != "builtin")
+
+
+def shown(rule: Rule, found: scan.Scan) -> str:
+    """``imports soundfile at own.py:1 and uses torch.nn.CTCLoss at own.py:9; builds
+    torch.optim.AdamW at own.py:20``: what made a training rule take the program."""
+    imported, said = found.imported(), []
+    for names in (rule.imports, rule.also_imports):
+        hit = next((n for n in names if n in imported), None)
+        if hit is not None and hit not in said:
+            said.append(hit)
+    groups = [[n for n in said if (n in found.uses) is uses] for uses in (False, True)]
+    text = "; ".join(f"{verb} " + " and ".join(f"{n} at {_where(n, found)}" for n in names)
+                     for verb, names in zip(("imports", "uses"), groups) if names)
+    return f"{text}; builds {found.optimizer}" if found.optimizer else text
+
+
+def _where(name: str, found: scan.Scan) -> str:
+    if name in found.names:
+        return found.names[name]
+    return next(w for n, w in found.names.items() if n.startswith(name + "."))
 
 
 def _as_if(

@@ -1,19 +1,27 @@
-"""Read a program's own source, never run it: what the run-time evidence is likely to see.
+"""Read a program's own source, never run it: what it imports, uses and builds.
 
-``autoalloc explain`` predicts the decision a program gets at its first optimizer from this.
-It parses (``ast``) the entry script and the modules of its own that it imports (files found
-beside it or in the working directory, never installed libraries), and the YAML files the
-command line or the source names, within a small budget of files and time. It finds:
+The decision at ``import torch`` reads it (an own script that shows speech-to-text training
+gets the option before torch starts), the first optimizer reads it for what the run cannot
+show, and ``autoalloc explain`` predicts from it. It parses (``ast``) the entry script and the
+modules of its own that it imports (files found beside it or in the working directory, never
+installed libraries), and the YAML files the command line or the source names, within a
+budget of files and bytes (never the clock: a loaded machine reads what an idle one does).
+It finds:
 
 - the modules the program imports, with the line of each (``from x import Class`` also gives
   ``x.Class``, and a Hugging Face speech model class its model package, as the run-time
-  evidence names it once the class is used);
+  evidence names it once the class is used); a module of the program's own is not a library
+  of the same name;
+- what it uses of them, among the names asked for (``wanted``: the policy's): ``nn.CTCLoss``
+  read as ``torch.nn.CTCLoss``, and a call with a literal first argument as ``name:arg``
+  (``evaluate.load("wer")`` is ``evaluate.load:wer``);
 - the classes and functions a YAML configuration names (``!new:``, ``!name:``, ``_target_:``);
-- where the program builds an optimizer: ``torch.optim.*``, a Lightning
-  ``configure_optimizers`` or ``.fit``, an HF ``Trainer``, ``deepspeed.initialize``,
-  SpeechBrain's ``Brain.fit``;
+- where the program builds an optimizer: ``torch.optim.*``, a Lightning ``.fit``, an HF
+  ``Trainer``, ``deepspeed.initialize``, SpeechBrain's ``Brain.fit``; and whether the entry
+  script itself does (``builds_here``), not only a module it imports;
 - what the source cannot tell: a module named at run time (``importlib.import_module(name)``),
-  a class a checkpoint or configuration chooses (``AutoModelFor*``, ``hydra.utils.instantiate``).
+  a class a checkpoint or configuration chooses (``AutoModelFor*``, ``hydra.utils.instantiate``);
+- what it did not read, and why (``unread``).
 """
 
 from __future__ import annotations
@@ -21,16 +29,15 @@ from __future__ import annotations
 import ast
 import os
 import re
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 
-from autoalloc.evidence import is_own_file, prefixes
+from autoalloc.evidence import is_own_file, local, prefixes
 from autoalloc.records import record
 
 MAX_FILES = 200
-MAX_BYTES = 2 << 20  # a file larger than this is not read
-BUDGET_S = 1.0
+MAX_BYTES = 1 << 20  # a file larger than this is not read
+MAX_TOTAL = 2 << 20  # nor any file once this much has been read
 
 # Hugging Face speech model classes -> their model package (longest prefix first).
 HF_MODELS = (
@@ -50,64 +57,111 @@ OPTIMIZERS = frozenset(
 TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer"})  # HF, TRL: build AdamW
 # .fit() trains with these (coqui-tts's Trainer is the `trainer` package)
 FIT_LIBRARIES = ("lightning", "pytorch_lightning", "speechbrain", "nemo", "trainer", "TTS")
+_IMPORTERS = ("importlib.import_module", "__import__")
 _CONFIG_RE = re.compile(r"(?:!(?:new|name|apply|module):|_target_:\s*['\"]?)([A-Za-z_][\w.]*)")
 _YAML_RE = re.compile(r"[\w./-]+\.ya?ml\Z")
 
 
 @record(frozen=True)
 class Scan:
-    """What a program's own source says (``names``: module or class name -> file:line)."""
+    """What a program's own source says (``names``: module, class or use -> file:line)."""
 
     script: str
     names: dict[str, str] = field(default_factory=dict)
     optimizer: str | None = None  # "torch.optim.AdamW at own.py:42"
+    builds_here: bool = False  # the entry script itself builds it (or runs a trainer's fit)
     unknown: tuple[str, ...] = ()  # what only the run can tell, each with where
     files: tuple[str, ...] = ()  # own Python files read
     configs: tuple[str, ...] = ()  # YAML files read
-    complete: bool = True  # false: the file or time budget ran out
+    unread: tuple[str, ...] = ()  # own files not read: "path (why)"
+    uses: tuple[str, ...] = ()  # of the names, those its code uses (not imports)
+    own: tuple[str, ...] = ()  # top-level names that are its own modules, beside it or in cwd
 
-    def imported(self) -> frozenset[str]:
-        """The names with their parent packages, as the decision counts them."""
-        return frozenset(p for name in self.names for p in prefixes(name))
+    @property
+    def complete(self) -> bool:
+        """Whether every own file it came to was read."""
+        return not self.unread
+
+    def imported(self, libraries: Container[str] = ()) -> frozenset[str]:
+        """The names with their parent packages, as the decision counts them; of
+        ``libraries`` (names of libraries), not those its own modules of that name stand for."""
+        found = frozenset(p for name in self.names for p in prefixes(name))
+        if not self.own or not libraries:
+            return found
+        return frozenset(n for n in found
+                         if n.partition(".")[0] not in self.own or n not in libraries)
 
 
 def scan(
     script: str, args: Sequence[str], cwd: str, libraries: tuple[str, ...],
-    budget_s: float = BUDGET_S,
+    wanted: Iterable[str] = (),
 ) -> Scan:
     """Read ``script`` and its own modules; ``FileNotFoundError`` if it does not exist."""
     if not os.path.isfile(script):
         raise FileNotFoundError(script)
-    roots = _roots(os.path.abspath(script), cwd, libraries)
-    reader = _Reader(roots, libraries, time.monotonic() + budget_s)
-    reader.read(os.path.abspath(script))
+    script = os.path.abspath(script)
+    reader = _Reader(roots(script, cwd, libraries), libraries, frozenset(wanted))
+    reader.here = {os.path.dirname(script), os.path.abspath(cwd)}
+    reader.read(script)
     for path in _yaml_files(args, cwd, reader.strings):
         reader.config(path)
-    return Scan(script, reader.names, reader.optimizer, tuple(dict.fromkeys(reader.unknown)),
-                tuple(reader.done), tuple(reader.configs), reader.complete)
+    return Scan(script, reader.names, reader.optimizer, reader.builds_here,
+                tuple(dict.fromkeys(reader.unknown)), tuple(reader.done), tuple(reader.configs),
+                tuple(dict.fromkeys(reader.unread)), tuple(reader.uses), tuple(reader.own))
+
+
+def cached(
+    script: str, args: Sequence[str], cwd: str, libraries: tuple[str, ...],
+    wanted: frozenset[str],
+) -> Scan:
+    """``scan``, remembered across processes by the layer cache where the hook enabled it: used
+    again while each file it read or passed over is as it was (size, time, inode). Only an
+    edit brings a new import, so files it did not find are not watched."""
+    from autoalloc import layercache
+
+    script, kept = os.path.abspath(script), (Scan,)
+    data = (tuple(_yaml_files(args, cwd, ())), tuple(sorted(wanted)), libraries)
+    hit = layercache.get("scan", (script, cwd), data, kept)
+    if type(hit) is tuple and len(hit) == 3 and type(hit[2]) is Scan and _stamps(hit[0]) == hit[1]:
+        return hit[2]
+    found = scan(script, args, cwd, libraries, wanted)
+    paths = (*found.files, *found.configs, *(u.rpartition(" (")[0] for u in found.unread))
+    layercache.put("scan", (script, cwd), data, (paths, _stamps(paths), found), kept)
+    return found
+
+
+def _stamps(paths: Iterable[str]) -> tuple:
+    out = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+            out.append((st.st_size, st.st_mtime_ns, st.st_ino))
+        except OSError:
+            out.append(None)
+    return tuple(out)
 
 
 _CHECKOUT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")
 
 
-def _roots(script: str, cwd: str, libraries: tuple[str, ...]) -> tuple[str, ...]:
+def roots(script: str, cwd: str, libraries: tuple[str, ...]) -> tuple[str, ...]:
     """Where the program's own modules are imported from: the script's folder, the working
     directory, the checkout's root above the script (and its ``src``), and the own folders
     on ``sys.path`` (editable installs)."""
     import sys
 
-    roots = [os.path.dirname(script), cwd]
+    found = [os.path.dirname(script), cwd]
     here = os.path.dirname(script)
     for _ in range(12):
         if any(os.path.exists(os.path.join(here, m)) for m in _CHECKOUT_MARKERS):
-            roots += [here, os.path.join(here, "src")]
+            found += [here, os.path.join(here, "src")]
             break
         parent = os.path.dirname(here)
         if parent == here:
             break
         here = parent
-    roots += [p for p in sys.path if p and is_own_file(os.path.join(p, "x.py"), libraries)]
-    return tuple(r for r in dict.fromkeys(roots) if os.path.isdir(r))
+    found += [p for p in sys.path if p and is_own_file(os.path.join(p, "x.py"), libraries)]
+    return tuple(r for r in dict.fromkeys(found) if os.path.isdir(r))
 
 
 def _yaml_files(args: Sequence[str], cwd: str, strings: Iterable[tuple[str, str]]) -> list[str]:
@@ -123,43 +177,80 @@ def _yaml_files(args: Sequence[str], cwd: str, strings: Iterable[tuple[str, str]
     return [p for p in dict.fromkeys(found) if os.path.isfile(p)]
 
 
-class _Reader:
+class _Budget:
+    """Files and bytes left to read; each file refused says why (``unread``)."""
+
+    def __init__(self) -> None:
+        self.files, self.bytes = MAX_FILES, MAX_TOTAL
+        self.unread: list[str] = []
+
+    def source(self, path: str) -> bytes | None:
+        """The bytes of ``path`` if the budget allows, else None (and why, in ``unread``)."""
+        try:
+            size = os.path.getsize(path)
+            if self.files <= 0 or size > min(MAX_BYTES, self.bytes):
+                why = "larger than 1 MiB" if size > MAX_BYTES else "over the budget of files"
+                self.unread.append(f"{path} ({why})")
+                return None
+            with open(path, "rb") as f:
+                data = f.read(size + 1)
+        except OSError as exc:
+            self.unread.append(f"{path} ({exc.strerror or 'unreadable'})")
+            return None
+        self.files, self.bytes = self.files - 1, self.bytes - len(data)
+        return data
+
+    def parse(self, path: str) -> ast.AST | None:
+        data = self.source(path)
+        if data is None:
+            return None
+        try:
+            return ast.parse(data, path)
+        except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+            self.unread.append(f"{path} (cannot be parsed: {type(exc).__name__})")
+            return None
+
+
+class _Reader(_Budget):
     """Walks the program's own files from the entry script, breadth first."""
 
-    def __init__(self, roots: tuple[str, ...], libraries: tuple[str, ...], deadline: float):
-        self.roots, self.libraries, self.deadline = roots, libraries, deadline
+    def __init__(
+        self, roots: tuple[str, ...], libraries: tuple[str, ...], wanted: frozenset[str],
+        show: Callable[[str], str] = os.path.basename,
+    ) -> None:
+        super().__init__()
+        self.roots, self.libraries, self.wanted, self.show = roots, libraries, wanted, show
         self.names: dict[str, str] = {}
         self.optimizer: str | None = None
+        self.builds_here = False
         self.unknown: list[str] = []
         self.done: list[str] = []
         self.configs: list[str] = []
         self.strings: list[tuple[str, str]] = []
         self.trainers: set[str] = set()  # the program's own trainer classes
-        self.complete = True
-
-    def _budget(self) -> bool:
-        if len(self.done) >= MAX_FILES or time.monotonic() > self.deadline:
-            self.complete = False
-        return self.complete
+        self.uses: dict[str, None] = {}
+        self.own: dict[str, None] = {}  # top-level names of its own modules in ``here``
+        self.here: set[str] = set()
 
     def read(self, first: str) -> None:
         queue = [first]
         while queue:
             path = queue.pop(0)
-            if path in self.done or not self._budget():
+            if path in self.done:
                 continue
             self.done.append(path)
-            tree = _parse(path)
+            tree = self.parse(path)
             if tree is not None:
                 queue += self._visit(tree, path)
+        self.done = [p for p in self.done if not any(u.startswith(p + " (") for u in self.unread)]
 
     def _visit(self, tree: ast.AST, path: str) -> list[str]:
-        """Record what the file imports and does; the own files it imports, to read next.
+        """Record what the file imports, uses and does; the own files it imports, to read next.
 
         The entry script's imports count wherever they are; another own module's, at module
         level only (a function's import runs only if it is called), though the own modules
         its functions import are read too (a factory importing the model it builds)."""
-        where, entry = os.path.basename(path), not self.done[1:]
+        where, entry = self.show(path), len(self.done) == 1
         bound: dict[str, str] = {}  # local name -> what it stands for
         top = _module_level(tree)
         own: list[str] = []
@@ -168,12 +259,20 @@ class _Reader:
             for name, alias in _imported(node):
                 if alias:
                     bound[alias] = name
+                files = self._own_files(name, path)
+                if files and local(files[0]) in self.here:
+                    self.own.setdefault(name.partition(".")[0])
                 if entry or node in top:
                     self._add(name, line)
-                own += self._own_files(name, path)
+                own += files
             own += _relative_files(node, path)
+            if isinstance(node, ast.Attribute) and self.wanted:
+                used = _dotted(node, bound)
+                if used in self.wanted:
+                    self._use(used, line)
             self._note_class(node, bound)
-            self._note_call(node, bound, line)
+            if self._note_call(node, bound, line) and entry:
+                self.builds_here = True
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 self.strings.append((node.value, os.path.dirname(path)))
         return own
@@ -198,35 +297,44 @@ class _Reader:
             if rest.rpartition(".")[2].startswith(("AutoModel", "AutoProcessor", "pipeline")):
                 self.unknown.append(f"{name} at {where} (the checkpoint chooses the model)")
 
-    def _note_call(self, node: ast.AST, bound: dict[str, str], where: str) -> None:
+    def _note_call(self, node: ast.AST, bound: dict[str, str], where: str) -> bool:
+        """Note what a call does; whether it builds an optimizer."""
         if not isinstance(node, ast.Call):
-            return
+            return False
         if _getattr_of(node.func, bound) == "torch.optim":  # getattr(torch.optim, name)(...)
-            self._optimizer(f"getattr(torch.optim, ...) at {where}")
-            return
+            return self._optimizer(f"getattr(torch.optim, ...) at {where}")
         called = _dotted(node.func, bound)
         if called is None:
-            return
-        last = called.rpartition(".")[2]
+            return False
+        last, literal = called.rpartition(".")[2], _literal_args(node)
         if last in OPTIMIZERS and ("optim" in called or called == bound.get(last)):
-            self._optimizer(f"{called} at {where}")
-        elif (last in TRAINERS and called.startswith(("transformers", "trl"))) or \
+            return self._optimizer(f"{called} at {where}")
+        if (last in TRAINERS and called.startswith(("transformers", "trl"))) or \
                 called in self.trainers:
-            self._optimizer(f"{called} at {where} (it builds the optimizer)")
-        elif called in ("deepspeed.initialize",):
-            self._optimizer(f"deepspeed.initialize at {where}")
-        elif last == "fit" and any(v.startswith(FIT_LIBRARIES) for v in bound.values()):
-            self._optimizer(f".fit() at {where} (the trainer builds the optimizer)")
-        elif called in ("importlib.import_module", "__import__") and not _constant_arg(node):
-            self.unknown.append(f"{called}(...) at {where} (a module named at run time)")
+            return self._optimizer(f"{called} at {where} (it builds the optimizer)")
+        if called == "deepspeed.initialize":
+            return self._optimizer(f"deepspeed.initialize at {where}")
+        if last == "fit" and any(v.startswith(FIT_LIBRARIES) for v in bound.values()):
+            return self._optimizer(f".fit() at {where} (the trainer builds the optimizer)")
+        if called in _IMPORTERS or _passes_importer(node, bound):
+            if not literal:
+                self.unknown.append(f"{called}(...) at {where} (a module named at run time)")
+            for name in literal:
+                self._add(name, where)
         elif called.endswith("instantiate") and "hydra" in called:
             self.unknown.append(f"{called} at {where} (the configuration chooses the class)")
-        elif called in ("importlib.import_module", "__import__"):
-            self._add(_constant_arg(node) or "", where)
+        elif literal and f"{called}:{literal[0]}" in self.wanted:
+            self._use(f"{called}:{literal[0]}", where)
+        return False
 
-    def _optimizer(self, text: str) -> None:
+    def _use(self, name: str, where: str) -> None:
+        self.names.setdefault(name, where)
+        self.uses.setdefault(name)
+
+    def _optimizer(self, text: str) -> bool:
         if self.optimizer is None:
             self.optimizer = text
+        return True
 
     def _own_files(self, name: str, importer: str) -> list[str]:
         """The program's own files that importing ``name`` runs (packages first)."""
@@ -244,16 +352,12 @@ class _Reader:
 
     def config(self, path: str) -> None:
         """Names a YAML configuration instantiates or refers to."""
-        try:
-            if os.path.getsize(path) > MAX_BYTES:
-                return
-            with open(path, encoding="utf-8", errors="replace") as f:
-                lines = f.read().splitlines()
-        except OSError:
+        data = self.source(path)
+        if data is None:
             return
         self.configs.append(path)
         where = os.path.basename(path)
-        for number, text in enumerate(lines, 1):
+        for number, text in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
             for match in _CONFIG_RE.finditer(text):
                 name = match.group(1)
                 self._add(name, f"{where}:{number}")
@@ -263,25 +367,41 @@ class _Reader:
                                           f"{where}:{number}")
 
 
-def imports_in(
-    paths: Iterable[str], wanted: Iterable[str], budget_s: float = 0.2
+def named_in(
+    paths: Iterable[str], wanted: Iterable[str], modules: Mapping[str, object] | None = None
 ) -> dict[str, str]:
-    """Which of ``wanted`` the import statements of ``paths`` name (itself or a module inside
-    it), each with the first file:line: the run-time evidence for a module the program imported
-    before ``import torch``, when the watcher was not yet there to see it."""
+    """Which of ``wanted`` the files ``paths`` import (itself or a module inside it) or use,
+    each with the first path:line: the run-time evidence for what the program imported
+    before ``import torch`` (when the watcher was not yet there to see it), and for what its
+    code uses. A file that is not a plain one (a module of a zip archive) is read through
+    ``linecache``, which asks the loader of its module in ``modules`` (file -> globals)."""
     left, found = set(wanted), {}
-    deadline = time.monotonic() + budget_s
-    for count, path in enumerate(dict.fromkeys(paths)):
-        if not left or count >= MAX_FILES or time.monotonic() > deadline:
+    reader = _Reader((), (), frozenset(left), show=str)
+    for path in dict.fromkeys(paths):
+        if not left:
             break
-        tree = _parse(path)
-        for node in ast.walk(tree) if tree is not None else ():
-            for name, _ in _imported(node):
-                hit = next((w for w in prefixes(name) if w in left), None)
-                if hit is not None:
-                    found[hit] = f"{path}:{getattr(node, 'lineno', 0)}"
-                    left.discard(hit)
+        reader.done[:], reader.names = [path], {}  # each read as an entry: its imports all count
+        plain = os.path.isfile(path)
+        tree = reader.parse(path) if plain else _zipped(path, (modules or {}).get(path))
+        if tree is None:
+            continue
+        reader._visit(tree, path)
+        for name, where in reader.names.items():
+            hit = next((w for w in prefixes(name) if w in left), None)
+            if hit is not None:
+                found[hit] = where
+                left.discard(hit)
     return found
+
+
+def _zipped(path: str, module: object) -> ast.AST | None:
+    import linecache
+
+    try:
+        text = "".join(linecache.getlines(path, module if isinstance(module, dict) else None))
+        return ast.parse(text, path) if 0 < len(text) <= MAX_BYTES else None
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
 
 
 def hf_model(class_name: str) -> str | None:
@@ -290,16 +410,6 @@ def hf_model(class_name: str) -> str | None:
         if class_name.startswith(prefix) and class_name[len(prefix):len(prefix) + 1].isupper():
             return model
     return None
-
-
-def _parse(path: str) -> ast.AST | None:
-    try:
-        if os.path.getsize(path) > MAX_BYTES:
-            return None
-        with open(path, "rb") as f:
-            return ast.parse(f.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 def _imported(node: ast.AST) -> Iterator[tuple[str, str | None]]:
@@ -346,6 +456,26 @@ def _getattr_of(func: ast.AST, bound: dict[str, str]) -> str | None:
     return None
 
 
+def _passes_importer(call: ast.Call, bound: dict[str, str]) -> bool:
+    """A call handing ``importlib.import_module`` to something that calls it
+    (``Thread(target=importlib.import_module, args=("soundfile",))``)."""
+    values = [*call.args, *(k.value for k in call.keywords)]
+    return any(_dotted(v, bound) in _IMPORTERS for v in values)
+
+
+def _literal_args(call: ast.Call) -> tuple[str, ...]:
+    """The literal strings a call passes first, or in an ``args=(...)`` tuple it passes on."""
+    first = call.args[0] if call.args else None
+    if isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return (first.value,)
+    for keyword in call.keywords:
+        if keyword.arg == "args" and isinstance(keyword.value, (ast.Tuple, ast.List)):
+            items = keyword.value.elts
+            return tuple(i.value for i in items[:1] if isinstance(i, ast.Constant)
+                         and isinstance(i.value, str))  # fmt: skip
+    return ()
+
+
 def _relative_files(node: ast.AST, path: str) -> list[str]:
     """The files a relative import (``from .data import x``) runs."""
     if not isinstance(node, ast.ImportFrom) or not node.level:
@@ -365,7 +495,8 @@ def _relative_files(node: ast.AST, path: str) -> list[str]:
 
 
 def _dotted(func: ast.AST, bound: dict[str, str]) -> str | None:
-    """``a.b.c`` for a call of ``a.b.c(...)``, with ``a`` replaced by what it was imported as."""
+    """``a.b.c`` for ``a.b.c`` (a call's callee, an attribute), with ``a`` replaced by what it
+    was imported as."""
     parts = []
     while isinstance(func, ast.Attribute):
         parts.append(func.attr)
@@ -374,10 +505,3 @@ def _dotted(func: ast.AST, bound: dict[str, str]) -> str | None:
         return None
     head = bound.get(func.id, func.id)
     return ".".join([head, *reversed(parts)])
-
-
-def _constant_arg(call: ast.Call) -> str | None:
-    first = call.args[0] if call.args else None
-    if isinstance(first, ast.Constant) and isinstance(first.value, str):
-        return first.value
-    return None

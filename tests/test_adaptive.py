@@ -169,8 +169,8 @@ FOUND = """
     from autoalloc import hook
     from autoalloc.adaptive import Finding
     finding = Finding(50, 41, 6.5, 2, 2.4, 1)
-    hook._on_finding(finding)
-    hook._on_finding(finding)  # a second finding (another optimizer's) says nothing more
+    hook.STATE.late.on_finding(finding)
+    hook.STATE.late.on_finding(finding)  # a second finding (another optimizer's) says nothing more
 """
 
 

@@ -23,25 +23,29 @@ from tests.helpers import ES, PY, Sandbox, autoalloc_warnings, probe_result
 PROGRAM_SETS = "garbage_collection_threshold:0.7,max_split_size_mb:256"
 TRAINING_RULE = '[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n'
 TRIGGER_RULE = '[[rules]]\nname = "kit"\nimports = ["mykit"]\n'
-# The program: its own allocator settings at run time, then the moment autoalloc decides late.
+# The program: its own allocator settings at run time, then the moment autoalloc decides late
+# (its optimizer built in a module of its own: the script's source alone does not show it).
 PROGRAM = """
     import json, os, sys
     import torch
+    import trainer
     if "setenv" in sys.argv:  # for the program's subprocesses, after torch read its own
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "roundup_power2_divisions:4"
     for value in {settings!r}:
         torch.cuda.memory._set_allocator_settings(value)
     if "optimizer" in sys.argv:
-        opt = torch.optim.AdamW(torch.nn.Linear(4, 2).parameters(), lr=1e-3)
+        opt = trainer.optimizer()
     if "trigger" in sys.argv:
         import mykit
 """
+TRAINER = "import torch\n\n\ndef optimizer():\n    return torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())\n"
 
 
 def _run(sandbox: Sandbox, policy: str, step: str, setting: str = PROGRAM_SETS,
          python: str = PY, **env: str):
     sandbox.user_policy(policy)
     sandbox.write("mykit.py", "")
+    sandbox.write("trainer.py", TRAINER)
     sandbox.script("train.py", PROGRAM.format(settings=setting.split(";")))
     result = sandbox.run(["train.py", *step.split()], env=env, python=python)
     assert result.returncode == 0, result.stderr
@@ -238,7 +242,7 @@ FINDING = """
     from autoalloc import hook
     from autoalloc.adaptive import Finding
     torch._C._accelerator_setAllocatorSettings({setting!r})
-    hook._on_finding(Finding(50, 41, 6.5, 2, 2.4, 1))
+    hook.STATE.late.on_finding(Finding(50, 41, 6.5, 2, 2.4, 1))
 """
 
 
@@ -313,6 +317,7 @@ def _device_plugin(sandbox: Sandbox, setting: str) -> str:
 def test_a_call_inside_torch_init_is_merged_under(sandbox: Sandbox, torch_python: str) -> None:
     sandbox.user_policy(TRAINING_RULE)
     path = _device_plugin(sandbox, PROGRAM_SETS)
+    sandbox.write("trainer.py", TRAINER)
     sandbox.script("train.py", PROGRAM.format(settings=[]))
     result = sandbox.run(["train.py", "optimizer"], env={"PYTHONPATH": path},
                          python=torch_python)

@@ -199,7 +199,7 @@ def test_a_class_loader_copies_and_pickles_as_itself() -> None:
 def test_the_watcher_leaves_with_a_new_meta_path_list() -> None:
     """Another thread may be iterating sys.meta_path for its own import: removing an entry
     from that list would make it skip the next finder, so the hook rebinds a new list."""
-    from autoalloc import hook
+    from autoalloc import late
 
     saved = sys.meta_path
     marker = type(sys)("watcher-for-test")
@@ -207,7 +207,7 @@ def test_the_watcher_leaves_with_a_new_meta_path_list() -> None:
     sys.meta_path = [marker, *saved]
     try:
         before = sys.meta_path
-        hook._retire(marker)
+        late.retire(marker)
         assert marker not in sys.meta_path and before[0] is marker  # the old list untouched
         assert sys.meta_path == saved
     finally:
