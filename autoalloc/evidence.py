@@ -257,7 +257,8 @@ def own_files(
     modules: Mapping[str, object], own: Own, frames: Iterable[FrameType] = ()
 ) -> dict[str, dict]:
     """The files of the program's own modules that have executed (``__main__`` first) and of
-    its own code in ``frames``, each with its globals (whose loader reads a zipped one)."""
+    its own code in ``frames`` (a ``<...>`` name for text: ``-c``, a notebook cell), each with
+    its globals (whose loader reads a zipped one)."""
     out: dict[str, dict] = {}
     for module in _own_modules(modules, own):
         path = module.__dict__.get("__file__")
@@ -265,7 +266,7 @@ def own_files(
             out.setdefault(path, module.__dict__)
     for frame in frames:
         path = frame.f_code.co_filename
-        if own.code(path, frame.f_globals.get("__name__")) and not path.startswith("<"):
+        if own.code(path, frame.f_globals.get("__name__")):
             out.setdefault(path, frame.f_globals)
     return out
 

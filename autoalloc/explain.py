@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autoalloc import entrypoint, scan, selfimports, torchinfo, wrappers
+from autoalloc.decide import layer_warnings
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match, pending_triggers, watches_training
 from autoalloc.plan import Plan, library_names, plan, shown
@@ -152,6 +153,7 @@ def explain(
             "worker_argv": list(result.workers) if result.workers else None,
         }
     if result.policy is not None:
+        report["policy_problems"] = layer_warnings(result.policy)
         report["never_triggers"] = [
             text for rule in result.policy.rules for text in selfimports.messages(rule)
         ]
@@ -220,31 +222,37 @@ def _outcome(
 ) -> dict[str, Any]:
     """The prediction's outcome, when, and its one-line text."""
     policy = result.policy
+    if found.script not in found.files:
+        return {"outcome": "depends", "when": None, "rule": None,
+                "text": "depends on what its source does: it could not be read"}
     if rule is not None:
         why = shown(next(r for r in policy.rules if r.name == rule), found) if policy else ""
+        depends = {"outcome": "depends", "when": None, "rule": rule}
         if found.optimizer is None:
-            text = (f"depends on whether it builds an optimizer: none found in its source "
-                    f"({rule} would apply: {why})")
-            return {"outcome": "depends", "when": None, "rule": rule, "text": text}
+            return depends | {"text": "depends on whether it builds an optimizer: none found in "
+                                      f"its source ({rule} would apply: {why})"}
+        if not found.builds_here:  # an evaluation script may import what trains, and not call it
+            return depends | {"text": "depends on whether it calls what builds an optimizer: "
+                                      f"not the script, a module it imports ({rule} would "
+                                      f"apply at its first optimizer: {why})"}
         text = f"apply at its first optimizer ({rule}: {why})"
         return {"outcome": "apply", "when": "at its first optimizer", "rule": rule, "text": text}
     off = {"outcome": "off", "when": None, "rule": None}
     other = _would_enable(result, found)
+    missing = _no_speech_signal(result, found) if found.optimizer else None
     if other is not None:
         name, how = other
+        if name == "audio-training" and missing is not None:
+            how = f'{missing}; if it is other audio work: enable = ["{name}"]'
         return off | {"would_enable": name, "text": f"stays off: {how}"}
-    if found.files and found.script not in found.files:
-        return {"outcome": "depends", "when": None, "rule": None,
-                "text": "depends on what its source does: it could not be read"}
     if found.unknown:
         unknown = "; ".join(found.unknown[:2])
         return {"outcome": "depends", "when": None, "rule": None,
                 "text": f"depends on what it imports at run time: {unknown}"}
     if found.optimizer is None:
         return off | {"text": "stays off: builds no optimizer"}
-    missing = _no_speech_signal(result, found)
     if missing is not None:
-        return off | {"text": missing}
+        return off | {"text": f"stays off: {missing}"}
     return off | {"text": "stays off: it imports nothing a training rule counts "
                           f"(builds {found.optimizer})"}
 
@@ -255,7 +263,8 @@ def _would_enable(result: Plan, found: scan.Scan) -> tuple[str, str] | None:
     policy = result.policy
     if policy is None:
         return None
-    for key, why in policy.dropped.items():
+    dropped = sorted(policy.dropped.items(), key=lambda item: "disabled by " not in item[1])
+    for key, why in dropped:  # what a layer switched off first: it is the reason
         name = key.partition("@")[0]
         if why.startswith("off until enabled"):
             extra = LayerConfig(Source("user", "<explain>"), enable=(name,))
@@ -287,7 +296,7 @@ def _no_speech_signal(result: Plan, found: scan.Scan) -> str | None:
     if audio is None:
         return None
     script = os.path.basename(found.script)
-    return (f"stays off: it trains with audio ({audio} at {_where(audio, found)}) but shows no "
+    return (f"it trains with audio ({audio} at {_where(audio, found)}) but shows no "
             "speech-to-text signal (a CTC or RNN-T loss, a WER/CER metric, a tokenizer or text "
             "model); if it is speech-to-text, opt it in with two lines in autoalloc.toml: "
             f'[[rules]] / scripts = ["{script}"]')
@@ -459,9 +468,13 @@ def _names(names: Sequence[str], shown: int = 6) -> str:
 
 
 def _render_decision(report: Mapping[str, Any]) -> list[str]:
+    """A broken policy first (what follows is decided without its broken parts), then the
+    prediction, then today's decision."""
+    broken = [f"broken:       {text.removeprefix('autoalloc: ')}"
+              for text in report.get("policy_problems", ())]
     prediction = report.get("prediction")
     first = [f"prediction:   {prediction['text']}"] if prediction else []
-    return first + _render_today(report)
+    return broken + first + _render_today(report)
 
 
 def _render_today(report: Mapping[str, Any]) -> list[str]:
@@ -491,7 +504,8 @@ def _render_today(report: Mapping[str, Any]) -> list[str]:
     if report.get("training_rules") and not report.get("late"):
         names = ", ".join(report["training_rules"])
         lines.append(f"on training:  {names} (can still decide once the program trains)")
-    lines += [f"warning:      {warning}" for warning in d["warnings"]]
+    said = set(report.get("policy_problems", ()))  # on the first line already
+    lines += [f"warning:      {warning}" for warning in d["warnings"] if warning not in said]
     lines += [f"warning:      {never}" for never in report.get("never_triggers", ())]
     lines += [f"note:         {note}" for note in d["notes"]]
     return lines

@@ -181,7 +181,9 @@ class Late:
         if wanted:  # imported before the watcher was there, or used: read the own files
             from autoalloc import scan
 
-            files = evidence.own_files(modules, own, frames)
+            files: dict[str, object] = {**evidence.own_files(modules, own, frames)}
+            if state.entry is not None and state.entry.kind == "code":
+                files["<string>"] = _code_text()
             found.update(scan.named_in(files, wanted, files))
         for name in mine:
             found.pop(name, None)
@@ -268,6 +270,12 @@ class Late:
         if not allocconf.segments_on(decision.setter_value):
             return "the settings in effect keep it off (the program's choice)"
         return None
+
+
+def _code_text() -> str:
+    """The program given with ``python -c``."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    return next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "-c"), "")
 
 
 @functools.lru_cache(maxsize=1)

@@ -231,7 +231,7 @@ def library_names(rules: Iterable[Rule]) -> frozenset[str]:
 
 
 def shown(rule: Rule, found: scan.Scan) -> str:
-    """``imports soundfile at own.py:1 and uses torch.nn.CTCLoss at own.py:9; builds
+    """``imports soundfile at own.py:1; uses torch.nn.CTCLoss at own.py:9; builds
     torch.optim.AdamW at own.py:20``: what made a training rule take the program."""
     imported, said = found.imported(), []
     for names in (rule.imports, rule.also_imports):
@@ -239,9 +239,11 @@ def shown(rule: Rule, found: scan.Scan) -> str:
         if hit is not None and hit not in said:
             said.append(hit)
     groups = [[n for n in said if (n in found.uses) is uses] for uses in (False, True)]
-    text = "; ".join(f"{verb} " + " and ".join(f"{n} at {_where(n, found)}" for n in names)
-                     for verb, names in zip(("imports", "uses"), groups) if names)
-    return f"{text}; builds {found.optimizer}" if found.optimizer else text
+    parts = [f"{verb} " + " and ".join(f"{n} at {_where(n, found)}" for n in names)
+             for verb, names in zip(("imports", "uses"), groups) if names]
+    if found.optimizer:
+        parts.append(f"builds {found.optimizer}")
+    return "; ".join(parts) or "what it builds"
 
 
 def _where(name: str, found: scan.Scan) -> str:

@@ -373,8 +373,9 @@ def named_in(
     """Which of ``wanted`` the files ``paths`` import (itself or a module inside it) or use,
     each with the first path:line: the run-time evidence for what the program imported
     before ``import torch`` (when the watcher was not yet there to see it), and for what its
-    code uses. A file that is not a plain one (a module of a zip archive) is read through
-    ``linecache``, which asks the loader of its module in ``modules`` (file -> globals)."""
+    code uses. What is not a plain file is read from ``modules`` (file -> the source text, or
+    the globals of its module, whose loader ``linecache`` asks: a module of a zip archive; a
+    notebook cell, which its kernel left in ``linecache``)."""
     left, found = set(wanted), {}
     reader = _Reader((), (), frozenset(left), show=str)
     for path in dict.fromkeys(paths):
@@ -398,7 +399,10 @@ def _zipped(path: str, module: object) -> ast.AST | None:
     import linecache
 
     try:
-        text = "".join(linecache.getlines(path, module if isinstance(module, dict) else None))
+        if isinstance(module, str):
+            text = module
+        else:
+            text = "".join(linecache.getlines(path, module if isinstance(module, dict) else None))
         return ast.parse(text, path) if 0 < len(text) <= MAX_BYTES else None
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None

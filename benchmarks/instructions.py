@@ -68,7 +68,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import startup as wall  # (the wall-clock benchmark beside this one: same venv)
 
-CASES = ("p1", "site", "probe", "p2", "p2-match", "p2-match20", "p2-match200", "p3", "net")
+CASES = ("p1", "site", "probe", "p2", "p2-own", "p2-match", "p2-match20", "p2-match200", "p3",
+         "net")
 GOALS = {"p1": 0.02, "p2": 0.01, "site": 0.5, "p3-200": 15.0, "p3-10000": 1000.0}
 COLLECTED = re.compile(r"Collected\s*:\s*(\d+)")
 NEMO_SCRIPT = ("NeMo", "examples", "asr", "asr_ctc", "speech_to_text_ctc_bpe.py")
@@ -229,12 +230,15 @@ def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str, off: int | None) 
     if kind == "p2":
         script, expect = wall.write(work / "plain" / "plain.py", "import torch\n"), ": none ("
         wall.write(work / "plain" / "pyproject.toml", PLAIN_PYPROJECT)
+    elif kind == "p2-own":  # its source is read at import torch (remembered: warm)
+        script, expect = wall.write(work / "own" / "train_text.py", own_script()), ": none ("
     elif kind == "p2-match":
         script, expect = nemo_tree(work / "match", 0), ": apply rule nemo-asr-train "
     else:  # p2-match20, p2-match200
         rules = int(kind.removeprefix("p2-match"))
         script, expect = nemo_tree(work / f"match{rules}", rules), ": apply rule lab-ctc "
-    cwd = script.parent if kind == "p2" else next(p for p in script.parents if p.name == "NeMo")
+    in_nemo = kind.startswith("p2-match")
+    cwd = next(p for p in script.parents if p.name == "NeMo") if in_nemo else script.parent
     traced = subprocess.run([venv.python, str(script)], env={**env, "AUTOALLOC_DEBUG": "1"},
                             cwd=str(cwd), capture_output=True, text=True).stderr  # fmt: skip
     decided = next((line for line in traced.splitlines() if str(script) in line), traced[-300:])
@@ -243,6 +247,44 @@ def case_p2(venv: wall.Venv, env: dict, work: Path, kind: str, off: int | None) 
     result["applied"] = decided.split(": ", 2)[-1]
     result["decided_as_expected"] = expect in decided
     return result
+
+
+def own_script(functions: int = 21) -> str:
+    """A program of the user's own, 300 lines, that matches nothing: a text classifier whose
+    source the decision reads (imports, a model, a loop that builds an optimizer), run with no
+    argument so that only ``import torch`` and its definitions execute."""
+    head = ("import argparse\nimport json\nimport math\nimport os\nimport sys\n\nimport torch\n"
+            "from torch import nn\nfrom torch.utils.data import DataLoader, TensorDataset\n\n")
+    body = "".join(textwrap.dedent(f"""
+        def step_{i}(model, batch, optimizer, scale={i}):
+            \"\"\"One training step of variant {i}: forward, loss, backward.\"\"\"
+            inputs, labels = batch
+            logits = model(inputs) * math.sqrt(scale + 1)
+            loss = nn.functional.cross_entropy(logits, labels)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            stats = {{"loss": float(loss), "variant": {i}}}
+            if os.environ.get("VERBOSE_{i}"):
+                print(json.dumps(stats), file=sys.stderr)
+            return stats
+        """) for i in range(functions))
+    tail = textwrap.dedent("""
+        def main():
+            parser = argparse.ArgumentParser()
+            parser.add_argument("--steps", type=int, default=10)
+            args = parser.parse_args()
+            model = nn.Sequential(nn.Embedding(100, 16), nn.Flatten(), nn.Linear(128, 4))
+            data = TensorDataset(torch.randint(0, 100, (64, 8)), torch.randint(0, 4, (64,)))
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+            for step, batch in zip(range(args.steps), DataLoader(data, batch_size=8)):
+                step_0(model, batch, optimizer)
+
+
+        if __name__ == "__main__" and len(sys.argv) > 1:
+            main()
+        """)
+    return head + body + tail
 
 
 P3_SCRIPT = textwrap.dedent(
@@ -420,6 +462,7 @@ def table(r: dict) -> str:
     if "probe" in r:
         arm_row('`importlib.util.find_spec("torch")`', r["probe"], None)
     labels = {"p2": "P2 `python plain.py` (no rule matches)",
+              "p2-own": "P2 an own 300-line `train_text.py` (no rule matches; its source read)",
               "p2-match": "P2 NeMo `speech_to_text_ctc_bpe.py` (built-in rule applies)",
               "p2-match20": "P2 the same, 20-rule project `autoalloc.toml`"}  # fmt: skip
     for key, label in labels.items():
@@ -465,7 +508,7 @@ def run_cases(
     if "probe" in only:
         code = "import importlib.util as u; u.find_spec('torch')"
         r["probe"] = arms(venv, [venv.python, "-c", code], env, work)
-    for kind in ("p2", "p2-match", "p2-match20", "p2-match200"):
+    for kind in ("p2", "p2-own", "p2-match", "p2-match20", "p2-match200"):
         if kind in only:
             r[kind] = case_p2(venv, env, work, kind, r.get("p2", {}).get("no_hook"))
     if "p3" in only:

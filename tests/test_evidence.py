@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from autoalloc import evidence
-from tests.helpers import Sandbox, assert_applied, assert_untouched
+from tests.helpers import PROBE, Sandbox, assert_applied, assert_untouched
 
 LIBS = evidence.library_dirs(["/usr/lib/python3.11", "/venv/lib/python3.11/site-packages/"])
 
@@ -223,3 +223,62 @@ def test_an_installed_package_run_with_dash_m_is_the_programs_own(sandbox: Sandb
     result = sandbox.run(["-m", "texttrain.main"], env=env)
     assert result.returncode == 0, result.stderr
     assert "evidence of what the program uses: none" in result.stderr
+
+
+# Where the program's own code asked, whatever form it has. Each decided at the first
+# optimizer: the optimizer is built by an own module, so the script's source alone does not
+# decide before torch starts.
+TRAINER = "import torch\n\n\ndef build():\n    return torch.optim.AdamW(torch.nn.Linear(4, 2).parameters())\n"
+CELL = "import soundfile\nimport jiwer\nimport trainer\noptimizer = trainer.build()\n"
+
+
+@pytest.mark.parametrize(
+    "form",
+    ["dash-c", "zipapp", "thread", pytest.param("notebook", marks=pytest.mark.slow)],
+)
+def test_the_programs_own_imports_count_whatever_form_its_code_has(
+    sandbox: Sandbox, form: str
+) -> None:
+    """A function of ``python -c`` code; a function of a zipped module (zipapp) called before
+    ``import torch``; ``Thread(target=importlib.import_module, ...)``; a notebook's cell run
+    in ``__main__``: each imports soundfile for the program, as the same plain script does."""
+    env = _library(sandbox, "")
+    sandbox.write("trainer.py", TRAINER)
+    load = "def load():\n    import soundfile\n\n\n"
+    if form == "dash-c":
+        code = "import torch, jiwer, trainer\n" + load + "load()\noptimizer = trainer.build()\n"
+        result = sandbox.run(["-c", code + PROBE], env=env)
+    elif form == "zipapp":
+        import zipfile
+
+        with zipfile.ZipFile(sandbox.work / "app.pyz", "w") as app:
+            app.writestr("loader.py", load)
+            app.writestr("__main__.py", "import loader\nloader.load()\nimport torch, jiwer\n"
+                         "import trainer\noptimizer = trainer.build()\n" + PROBE)
+        result = sandbox.run(["app.pyz"], env={**env, "PYTHONPATH": f"{env['PYTHONPATH']}:."})
+    elif form == "thread":
+        body = ("import importlib, threading\nimport torch, jiwer, trainer\n"
+                "t = threading.Thread(target=importlib.import_module, args=('soundfile',))\n"
+                "t.start()\nt.join()\noptimizer = trainer.build()\n")
+        sandbox.script("own.py", body)
+        result = sandbox.run(["own.py"], env=env)
+    else:
+        body = (f"import __main__, torch\nCELL = {CELL!r}\n"
+                "exec(compile(CELL, '<ipython-input-1-5a1b>', 'exec'), __main__.__dict__)\n")
+        sandbox.script("kernel.py", body)
+        result = sandbox.run(["kernel.py"], env=env)
+    assert_applied(result, "speech-training")
+    assert "soundfile: " in result.stderr, result.stderr
+
+
+def test_an_own_module_named_like_a_library_is_the_programs(sandbox: Sandbox) -> None:
+    """An own ``tgt.py`` (or ``df.py``) beside the script is not the TextGrid (DeepFilterNet)
+    library of other audio work: speech-to-text training keeps its option."""
+    env = _library(sandbox, "")
+    sandbox.write("trainer.py", TRAINER)
+    sandbox.write("tgt.py", "def tier(x):\n    return x\n")
+    sandbox.script("own.py", "import torch, soundfile, jiwer, trainer\nimport tgt\n"
+                   "optimizer = trainer.build()\n")
+    assert_applied(sandbox.run(["own.py"], env=env), "speech-training")
+    explained = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "own.py"], env=env)
+    assert "stays off" not in explained.stdout.splitlines()[0], explained.stdout
