@@ -1,12 +1,11 @@
 """Find and read the policy layers: built-in < site < user < project < ``AUTOALLOC_CONFIG``.
 
-Discovery is small functions of paths (like pytest's ``findpaths``); reading is careful,
-because a project file can come from any cloned repository: ``safefile`` reads regular
-files only, at most ``MAX_BYTES``, and a project file is used only when it and its
-directory are owned by this user or root (like git's ``safe.directory``) unless it is below
-a trusted directory. Any failure becomes a layer status with a message instead of an
-exception. A validated layer is remembered by its exact bytes, in the process and across
-processes (``layercache``); the wrappers are taken off by ``plan``, not here.
+Where the files are, and which may be used, is ``layerpaths``'; reading is careful, because
+a project file can come from any cloned repository: ``safefile`` reads regular files only,
+at most ``MAX_BYTES``. Any failure becomes a layer status with its reason instead of an
+exception; what is said of a file used in part is a note on its layer, rendered where it is
+shown (``LayerStatus.message``). A validated layer is remembered by its exact bytes, in the
+process and across processes (``layercache``); the wrappers are taken off by ``plan``.
 """
 
 from __future__ import annotations
@@ -15,13 +14,13 @@ import functools
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Literal
+from collections.abc import Callable, Mapping, Sequence
 
-from autoalloc import configdirs, layercache, messages, safefile, wrappers
+from autoalloc import configdirs, layercache, layerpaths, messages, safefile, wrappers
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.envvars import CONFIG_VAR, TRUSTED_DIRS_VAR
+from autoalloc.envvars import CONFIG_VAR
 from autoalloc.globs import RulePatterns
+from autoalloc.layerpaths import project_start
 from autoalloc.policy import (
     LayerConfig,
     LayerName,
@@ -32,7 +31,6 @@ from autoalloc.policy import (
     Source,
     compose,
     salvage,
-    summarize,
     unknown_switches,
 )
 from autoalloc.records import replace
@@ -48,28 +46,6 @@ class LayerError(Exception):
 
 class TooLarge(LayerError):
     """A layer file over ``MAX_BYTES``."""
-
-
-def project_start(entry: EntryPoint, cwd: str | None) -> str | None:
-    """Where the project search starts: the script's directory, else the working directory."""
-    if entry.kind == "script" and entry.path:
-        return os.path.dirname(entry.path)
-    return cwd
-
-
-def ancestors(start: str) -> Iterator[str]:
-    """``start`` and each parent up to the file-system root (nothing for a relative ``start``
-    when the working directory is gone)."""
-    try:
-        current = os.path.abspath(start)
-    except OSError:
-        return
-    while True:
-        yield current
-        parent = os.path.dirname(current)
-        if parent == current:
-            return
-        current = parent
 
 
 def read_file(path: str) -> tuple[bytes, os.stat_result]:
@@ -116,54 +92,62 @@ def parse_toml(data: bytes) -> dict:
     return table
 
 
-def _whole_document(data: bytes) -> tuple[object, tuple[str, ...]]:
-    return parse_toml(data), ()
-
-
 # Headers of autoalloc's tables that a pyproject.toml may hold at its top level by mistake
 # (the README's example pasted below [tool.autoalloc]): such a file is parsed too.
 _PASTED = (b"[[rules]]", b"[allocator]")
+# [tool.autoalloc] misspelled (``_misnamed``): such a file is parsed too.
+_MISNAMED = (b"auto-alloc", b"auto_alloc")
 
 
 def _pyproject(data: bytes) -> tuple[object, list[str]]:
     """A pyproject.toml's ``[tool.autoalloc]`` table (None: it has none) and a sentence for
-    each autoalloc key at its top level, where autoalloc does not read it.
+    each autoalloc table or key where autoalloc does not read it.
 
-    Parsed only when it names autoalloc or holds one of ``_PASTED``: most pyproject.toml
-    files are not ours. One that does not name autoalloc and is not valid TOML is not ours
-    either (None); one that names autoalloc raises LayerError.
+    Parsed only when it names autoalloc (or ``_MISNAMED``) or holds one of ``_PASTED``: most
+    pyproject.toml files are not ours. One that does not name autoalloc and is not valid
+    TOML is not ours either (None); one that names autoalloc raises LayerError.
     """
     mentioned = b"autoalloc" in data
-    if not mentioned and not any(header in data for header in _PASTED):
+    named = mentioned or any(name in data for name in _MISNAMED)
+    if not named and not any(header in data for header in _PASTED):
         return None, []
     try:
         document = parse_toml(data)
     except LayerError:
-        if mentioned:
+        if named:
             raise
         return None, []
     from autoalloc import schema  # only for a pyproject.toml that may be ours
 
-    found = [p.sentence() for p in schema.misplaced(document, mentioned)]
+    found = [*_misnamed(document), *(p.sentence() for p in schema.misplaced(document, mentioned))]
     tool = document.get("tool")
     if not isinstance(tool, dict) or "autoalloc" not in tool:
         return None, found
     return tool["autoalloc"], found
 
 
-def _tool_autoalloc(data: bytes) -> tuple[object, tuple[str, ...]]:
-    """The ``[tool.autoalloc]`` table (None: none) and a sentence for each autoalloc key at the
-    top level. Raises LayerError when there is no table but such keys: a policy meant, and
-    not read."""
-    table, found = _pyproject(data)
-    if table is None and found:
-        raise LayerError(f"it has no [tool.autoalloc] table. {' '.join(found)}")
-    return table, tuple(found)
+def _misnamed(document: dict) -> list[str]:
+    """A sentence for each table meant as ``[tool.autoalloc]`` under another name, which
+    autoalloc does not read: ``[tool.auto-alloc]``, ``[tool.auto_alloc]``, ``[autoalloc]``
+    at the top level (or only its ``[[autoalloc.rules]]``)."""
+    tool = document.get("tool")
+    tables = {f"tool.{n}": tool[n] for n in ("auto-alloc", "auto_alloc")
+              if isinstance(tool, dict) and n in tool}  # fmt: skip
+    if "autoalloc" in document:
+        tables["autoalloc"] = document["autoalloc"]
+    out = []
+    for name, table in tables.items():
+        wrote, right = f"[{name}]", "[tool.autoalloc]"
+        if isinstance(table, dict) and list(table) == ["rules"]:
+            wrote, right = f"[[{name}.rules]]", "[[tool.autoalloc.rules]]"
+        out.append(f"{wrote} in pyproject.toml is not read by autoalloc: write {right}. "
+                   "It is ignored.")  # fmt: skip
+    return out
 
 
 def pyproject_problems(path: str, data: bytes) -> list[str]:
-    """The autoalloc keys at the top level of a pyproject.toml that has a [tool.autoalloc]
-    table (a sentence each; none for another file)."""
+    """The autoalloc tables and keys a pyproject.toml that has a [tool.autoalloc] table holds
+    where autoalloc does not read them (a sentence each; none for another file)."""
     if os.path.basename(path) != "pyproject.toml":
         return []
     try:
@@ -172,23 +156,21 @@ def pyproject_problems(path: str, data: bytes) -> list[str]:
         return []
 
 
-# Project file names, in the order they are tried in each directory, and how each holds
-# the policy: the whole document, or the [tool.autoalloc] table (with what else was found).
-LOADERS: dict[str, Callable[[bytes], tuple[object, tuple[str, ...]]]] = {
-    "autoalloc.toml": _whole_document,
-    "pyproject.toml": _tool_autoalloc,
-}
-PROJECT_FILES = tuple(LOADERS)
-
-
 def policy_table(path: str, data: bytes) -> object:
     """The autoalloc table of a file (None: a pyproject.toml without one). Raises LayerError."""
     return _table(path, data)[0]
 
 
 def _table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
-    """``policy_table``, and the notes of what else reading found (parsed once)."""
-    return LOADERS.get(os.path.basename(path), _whole_document)(data)
+    """``policy_table``, and the notes of what else reading found (parsed once): the whole
+    document, or a pyproject.toml's ``[tool.autoalloc]``; one without it but with autoalloc
+    tables or keys elsewhere raises LayerError: a policy meant, and not read."""
+    if os.path.basename(path) != "pyproject.toml":
+        return parse_toml(data), ()
+    table, found = _pyproject(data)
+    if table is None and found:
+        raise LayerError(f"it has no [tool.autoalloc] table. {' '.join(found)}")
+    return table, tuple(found)
 
 
 def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
@@ -196,72 +178,13 @@ def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
     without a ``[tool.autoalloc]`` table (a dependency list) is remembered as such across
     processes (``layercache``, by its exact bytes), so that no process parses it again."""
     if os.path.basename(path) != "pyproject.toml" or b"autoalloc" not in data:
-        return _table(path, data)  # parsed anyway, or not at all (_tool_autoalloc)
+        return _table(path, data)  # parsed anyway, or not at all (_pyproject)
     if layercache.get("no-table", (path,), data) is True:
         return None, ()
     found = _table(path, data)
     if found[0] is None:
         layercache.put("no-table", (path,), data, True)
     return found
-
-
-def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list[str]:
-    """Directories whose project files are used even when another user owns them.
-
-    From ``AUTOALLOC_TRUSTED_DIRS`` and the ``trusted_dirs`` of the user, site and
-    ``AUTOALLOC_CONFIG`` files (a project file cannot set it). ``*`` trusts everything; a
-    relative entry is ignored, since it would trust whatever the working directory is.
-    """
-    dirs = []
-    for entry in [
-        *env.get(TRUSTED_DIRS_VAR, "").split(os.pathsep),
-        *(d for c in configs for d in c.trusted_dirs),
-    ]:
-        if entry == "*":
-            dirs.append(entry)
-            continue
-        try:
-            expanded = os.path.expanduser(entry)
-        except Exception:
-            continue
-        if entry and os.path.isabs(expanded):
-            dirs.append(expanded)
-    return dirs
-
-
-def _owned(st: os.stat_result, euid: int) -> bool:
-    return st.st_uid in (euid, 0)
-
-
-def is_trusted(path: str, trusted: Sequence[str], st: os.stat_result | None = None) -> bool:
-    """Whether a project file may be used: it (``st``: the ``fstat`` of what was read) and
-    its directory are owned by this user or root, or it lies below a trusted directory."""
-    geteuid = getattr(os, "geteuid", None)
-    if geteuid is None:  # no ownership model to check against
-        return True
-    euid = geteuid()
-    try:
-        owned = _owned(st if st is not None else os.stat(path), euid) and _owned(
-            os.stat(os.path.dirname(path) or "."), euid
-        )
-    except (OSError, ValueError):
-        owned = False
-    if owned:
-        return True
-    try:
-        real = os.path.realpath(path)
-    except (OSError, ValueError):
-        return False
-    for entry in trusted:
-        if entry == "*":
-            return True
-        try:
-            base = os.path.realpath(entry)
-        except (OSError, ValueError):
-            continue
-        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
-            return True
-    return False
 
 
 _UNTRUSTED = (
@@ -283,37 +206,11 @@ def shadow_note(of_pyproject: bool = False) -> str:
 def shadowed_table(path: str) -> str | None:
     """The ``pyproject.toml`` beside an ``autoalloc.toml`` when it has a ``[tool.autoalloc]``
     table, which is then never read (None: there is none, or it is not one)."""
-    if os.path.basename(path) != "autoalloc.toml":
-        return None
-    sibling = os.path.join(os.path.dirname(path), "pyproject.toml")
+    sibling = layerpaths.beside(path)
     try:
-        return sibling if _tool_autoalloc(read_bytes(sibling))[0] is not None else None
+        return sibling if sibling and _table(sibling, read_bytes(sibling))[0] is not None else None
     except (FileNotFoundError, LayerError):
         return None
-
-
-Examined = Literal["present", "absent", "blocked"]
-
-
-def _examine(path: str) -> Examined:
-    """``blocked`` when a permission on the way keeps ``path`` from being examined at all.
-
-    ``stat`` needs only search permission on the directories above: a project candidate
-    it cannot reach is not a broken file of the user's (the working directory may sit
-    below a directory the user cannot read), so it is traced, not warned about. ``absent``
-    lets the project search skip a candidate without opening it (it looks at two names in
-    every directory up to the root, at every ``import torch``).
-    """
-    try:
-        os.stat(path)
-    except PermissionError:
-        messages.debug(f"cannot examine {path} (a directory on the way is not searchable): skipped")
-        return "blocked"
-    except (FileNotFoundError, NotADirectoryError):
-        return "absent"
-    except (OSError, ValueError):
-        pass  # another failure, which read_file reports
-    return "present"
 
 
 MAX_SCAN = 16 << 20  # bytes of a pyproject.toml over MAX_BYTES searched for "autoalloc"
@@ -366,7 +263,10 @@ def _passed_over(path: str, exc: LayerError) -> LayerStatus | None:
 def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus | None:
     """The project layer from ``path``, or None when the search goes on past it (a
     ``skipped`` layer too: the search goes on, and says why)."""
-    if _examine(path) != "present":
+    examined = layerpaths.examine(path)
+    if examined == "blocked":
+        messages.debug(f"cannot examine {path} (a directory on the way is not searchable): skipped")
+    if examined != "present":
         return None
     try:
         data, st = read_file(path)
@@ -377,7 +277,7 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
             return _passed_over(path, exc)
         return LayerStatus("project", path, "error", str(exc))
     try:
-        if trusted is not None and not is_trusted(path, trusted, st):
+        if trusted is not None and not layerpaths.is_trusted(path, trusted, st):
             # Another user's pyproject.toml is looked at only to see whether it has our table.
             try:
                 if _project_table(path, data)[0] is None:
@@ -402,15 +302,12 @@ def _find(
     """The nearest project policy (``trusted`` None: no ownership check), and the
     pyproject.toml files passed over on the way because they cannot be inspected."""
     skipped: list[LayerStatus] = []
-    if not start:
-        return None, ()
-    for directory in ancestors(start):
-        for name in LOADERS:
-            found = _project_candidate(os.path.join(directory, name), trusted)
-            if found is not None and found.status == "skipped":
-                skipped.append(found)
-            elif found is not None:
-                return found, tuple(skipped)
+    for path in layerpaths.project_candidates(start):
+        found = _project_candidate(path, trusted)
+        if found is not None and found.status == "skipped":
+            skipped.append(found)
+        elif found is not None:
+            return found, tuple(skipped)
     return None, tuple(skipped)
 
 
@@ -419,8 +316,8 @@ def find_project(start: str | None) -> LayerStatus | None:
 
     ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
     ``pyproject.toml`` without ``[tool.autoalloc]`` does not count, nor one that cannot be
-    inspected. Unlike the project layer of ``read_layers``, its message does not name the
-    table the winner leaves unread.
+    inspected. Unlike the project layer of ``read_layers``, it does not name the table the
+    winner leaves unread.
     """
     return _find(start, None)[0]
 
@@ -441,14 +338,13 @@ def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
         source = Source(read.layer, read.path or "")
         config, problems = salvage(read.table, source, allow_trust)
     except PolicyError as exc:
-        return replace(read, status="error", message=str(exc))
-    problems = (*read.notes, *problems)
-    # A file used in part is "found", with a message saying what was left out.
-    done = replace(read, config=config, message=summarize(problems), table=None, notes=())
+        return replace(read, status="error", reason=str(exc))
+    # A file used in part is "found", with a note of each part left out.
+    done = replace(read, config=config, table=None, notes=(*read.notes, *problems))
     if read.data and read.path:
         key = _layer_key(read.layer, read.path, allow_trust)
         _remember(key, read.data, done)
-        value = (done.status, done.message, config)
+        value = (done.status, done.notes, config)
         layercache.put("layer", key, read.data, value, _LAYER_RECORDS)
     return done
 
@@ -474,7 +370,7 @@ def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> Laye
     hit = layercache.get("layer", key, data, _LAYER_RECORDS)
     if not isinstance(hit, tuple) or len(hit) != 3 or not isinstance(hit[2], LayerConfig):
         return None
-    found = LayerStatus(layer, path, hit[0], hit[1], config=hit[2], data=data)
+    found = LayerStatus(layer, path, hit[0], notes=tuple(hit[1]), config=hit[2], data=data)
     _remember(key, data, found)
     return found
 
@@ -498,20 +394,8 @@ def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerSta
 
 
 def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:
-    try:
-        path = locate()
-    except Exception as exc:  # e.g. no HOME and no passwd entry: no such layer (explain shows why)
-        return LayerStatus(layer, None, "missing", f"cannot locate: {exc}")
-    if not os.path.isabs(path):
-        # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
-        # read from the working directory, i.e. from whatever repository is there.
-        return LayerStatus(layer, path, "missing", "not an absolute path (is HOME set?)")
-    if _examine(path) == "blocked":
-        # HOME or XDG_CONFIG_HOME below a directory this user cannot enter (`docker run
-        # --user 1000` on an image whose HOME is /root): no file the user could have written.
-        why = "cannot be examined: a directory on the way is not searchable by this user"
-        return LayerStatus(layer, path, "missing", why)
-    return load_file(layer, path)
+    path, why = layerpaths.config_file(locate)
+    return LayerStatus(layer, path, "missing", why) if why or not path else load_file(layer, path)
 
 
 def _env_layer(env: Mapping[str, str]) -> LayerStatus:
@@ -519,11 +403,10 @@ def _env_layer(env: Mapping[str, str]) -> LayerStatus:
     if path is None:
         return LayerStatus("env", None, "unset")
     read = load_file("env", path)
-    if read.status == "missing" and not read.message:
+    if read.status == "missing" and not read.reason:
         # Named by the user, so its absence is a mistake to report, not a layer to skip.
-        return replace(
-            read, status="error", message=f"{CONFIG_VAR} names a file that does not exist"
-        )
+        why = f"{CONFIG_VAR} names a file that does not exist"
+        return replace(read, status="error", reason=why)
     return read
 
 
@@ -580,67 +463,45 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     # trusted_dirs, like the user's and the site's, decide whether a project file owned by
     # another user may be used, so it must be known before the project search.
     named = _env_layer(env)
-    trusted = trusted_dirs(env, [r.config for r in (site, user, named) if r.config is not None])
+    configs = [r.config for r in (site, user, named) if r.config is not None]
     # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
-    found, skipped = _find(project_start(entry, cwd), trusted)
-    project = LayerStatus("project", None, "missing") if found is None else found
-    project = with_shadow(_validated(project, allow_trust=False))
+    found, skipped = _find(project_start(entry, cwd), layerpaths.trusted_dirs(env, configs))
+    project = _validated(found or LayerStatus("project", None, "missing"), allow_trust=False)
+    if project.path and shadowed_table(project.path):
+        project = replace(project, aside=shadow_note())
     # the pyproject.toml files passed over come after the project layer, not to be taken
     # for it; they hold no configuration
-    return with_unknown_switches(with_module_sets([builtin, site, user, project, *skipped, named]))
+    return _noted([builtin, site, user, project, *skipped, named])
 
 
-def with_module_sets(layers: list[LayerStatus]) -> list[LayerStatus]:
+def _noted(layers: list[LayerStatus]) -> list[LayerStatus]:
     """The layers, lowest first, with their references to lower layers' module sets expanded
-    (``modulesets.link``); a layer that refers to a set no layer up to it defines says so in its
-    message: a run warns once, explain and check show it."""
-    if not any(layer.config is not None and layer.config.pending for layer in layers):
-        return layers  # the usual case: the sets a file uses are its own or the built-in ones
-    from autoalloc import modulesets
-
-    linked = iter(modulesets.link([layer.config for layer in layers if layer.config is not None]))
-    out = []
-    for layer in layers:
-        if layer.config is not None:
-            config, problems = next(linked)
-            if problems:
-                found = " ".join(p.sentence() for p in problems)
-                rest = layer.message or "The rest of the file applies."
-                layer = replace(layer, message=f"{found} {rest}")
-            layer = replace(layer, config=config)
-        out.append(layer)
-    return out
-
-
-def with_unknown_switches(layers: list[LayerStatus]) -> list[LayerStatus]:
-    """The layers, each whose ``disable`` or ``enable`` names no rule of any layer (a typo)
-    with a message saying so: a run warns once, explain and check show it."""
+    (``modulesets.link``), and a note of each such reference that no layer up to it defines
+    and of each ``disable``/``enable`` that names no rule of any layer (a typo)."""
     configs = [layer.config for layer in layers if layer.config is not None]
-    if not any(c.disable or c.enable for c in configs):
-        return layers
+    switching = any(c.disable or c.enable for c in configs)
+    if not switching and not any(c.pending for c in configs):
+        return layers  # the usual case: no names to check, the sets a file uses are at hand
+    if any(c.pending for c in configs):
+        from autoalloc import modulesets
+
+        linked = [(c, tuple(p.sentence() for p in found)) for c, found in modulesets.link(configs)]
+    else:
+        linked = [(c, ()) for c in configs]
     known = {rule.name for c in configs for rule in c.rules}
     known.update(wrapper.name for c in configs for wrapper in c.wrappers)
-
-    def wrapper_names() -> set[str]:  # disable removes a built-in wrapper too
-        return {wrapper.name for wrapper in builtin_wrappers()}
-
-    out = []
+    out, each = [], iter(linked)
     for layer in layers:
-        config = layer.config
-        found = unknown_switches(config, known, wrapper_names) if config is not None else []
-        if found and layer.status == "found":
-            rest = layer.message or "The rest of the file applies."
-            layer = replace(layer, message=f"{' '.join(found)} {rest}")
+        if layer.config is not None:
+            config, unset = next(each)
+            typos = unknown_switches(config, known, _wrapper_names) if switching else []
+            layer = replace(layer, config=config, notes=(*typos, *unset, *layer.notes))
         out.append(layer)
     return out
 
 
-def with_shadow(layer: LayerStatus) -> LayerStatus:
-    """The project layer, its message naming the ``[tool.autoalloc]`` table it leaves unread."""
-    shadowed = shadowed_table(layer.path) if layer.path else None
-    if shadowed is None:
-        return layer
-    return replace(layer, message=f"{layer.message} {shadow_note()}".strip())
+def _wrapper_names() -> set[str]:  # disable removes a built-in wrapper too
+    return {wrapper.name for wrapper in builtin_wrappers()}
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:
