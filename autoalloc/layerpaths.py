@@ -1,18 +1,18 @@
-"""Where the policy files are, in the order they are tried, and which may be used; nothing
-here reads a file.
+"""Where the policy files are and which of them are read, in order; nothing here parses one.
 
-Functions of paths, like pytest's ``findpaths``: the project search starts at the script's
-directory, else the working directory (``project_start``), and tries ``PROJECT_FILES`` in
-each directory up to the file-system root (``project_candidates``); the site and user files
-are where ``configdirs`` says (``config_file``); an ``autoalloc.toml`` leaves the
-``pyproject.toml`` beside it unread (``beside``). A project file owned by another user is
-used only below a trusted directory (``is_trusted``, like git's ``safe.directory``). Each
-looks at the file system only through the ``stat`` it is given (``os.stat`` by default);
-``sources`` reads what is found.
+Functions of paths, like pytest's ``findpaths``: the built-in files beside this module
+(``wrappers.toml`` only for a command it may name: ``may_wrap``); the site and user files
+where ``configdirs`` says (``config_file``); the project search from the script's directory,
+else the working directory (``project_start``), through ``PROJECT_FILES`` in each directory
+up to the root (``project_candidates``), an ``autoalloc.toml`` leaving the ``pyproject.toml``
+beside it unread (``beside``); another user's project file only below a trusted directory
+(``is_trusted``, like git's ``safe.directory``). The file system is looked at through the
+``stat`` given (``os.stat`` by default); ``sources`` reads what is found.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Literal
@@ -23,6 +23,8 @@ from autoalloc.policy import LayerConfig
 
 # Project file names, in the order they are tried in each directory.
 PROJECT_FILES = ("autoalloc.toml", "pyproject.toml")
+BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
+WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 Stat = Callable[[str], os.stat_result]
 Examined = Literal["present", "absent", "blocked"]
 
@@ -62,6 +64,16 @@ def beside(path: str) -> str | None:
     if os.path.basename(path) != "autoalloc.toml":
         return None
     return os.path.join(os.path.dirname(path), "pyproject.toml")
+
+
+def shadow_note(of_pyproject: bool = False) -> str:
+    """What a run, ``explain`` and ``check`` say about a ``[tool.autoalloc]`` never read: in
+    the autoalloc.toml's message (one file named per message), or in the pyproject.toml's."""
+    whose = "Its" if of_pyproject else "The pyproject.toml beside it has a"
+    return (
+        f"{whose} [tool.autoalloc] table, which is ignored: autoalloc.toml in the same "
+        "directory wins (move that table into autoalloc.toml, or delete autoalloc.toml)."
+    )
 
 
 def examine(path: str, stat: Stat | None = None) -> Examined:
@@ -114,14 +126,11 @@ def trusted_dirs(env: Mapping[str, str], configs: Sequence[LayerConfig]) -> list
         *env.get(TRUSTED_DIRS_VAR, "").split(os.pathsep),
         *(d for c in configs for d in c.trusted_dirs),
     ]:
-        if entry == "*":
-            dirs.append(entry)
-            continue
         try:
-            expanded = os.path.expanduser(entry)
+            expanded = entry if entry == "*" else os.path.expanduser(entry)
         except Exception:
             continue
-        if entry and os.path.isabs(expanded):
+        if entry == "*" or (entry and os.path.isabs(expanded)):
             dirs.append(expanded)
     return dirs
 
@@ -147,12 +156,38 @@ def is_trusted(
     except (OSError, ValueError):
         return False
     for entry in trusted:
-        if entry == "*":
-            return True
         try:
-            base = os.path.realpath(entry)
+            base = "" if entry == "*" else os.path.realpath(entry).rstrip(os.sep)
         except (OSError, ValueError):
             continue
-        if real == base or real.startswith(base.rstrip(os.sep) + os.sep):
+        if entry == "*" or real == base or real.startswith(base + os.sep):
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1)
+def _builtin_wrappers_text() -> str:
+    try:
+        with open(WRAPPERS_PATH, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, ValueError):
+        return ""
+
+
+def may_wrap(entry: EntryPoint) -> bool:
+    """Whether a built-in wrapper could be ``entry``: its module, command or file name is
+    quoted in the table. Most programs are not wrappers, and reading the text is much
+    cheaper than parsing the table, which ``builtin_wrappers()`` does only when this says so.
+
+    Assumes what the schema does not require: wrappers.toml writes each module and command
+    pattern as a literal in double quotes (``"name"``), and each script pattern's last
+    segment too (``"name"``, ``".../name"``); a glob there would never be found, and its
+    wrapper never taken off (``test_wrappers`` checks the table)."""
+    if entry.kind in ("module", "command"):
+        name = entry.target
+    elif entry.kind == "script":
+        name = os.path.basename(entry.path.rstrip("/"))
+    else:
+        return False
+    text = _builtin_wrappers_text()
+    return bool(name) and (f'"{name}"' in text or f'/{name}"' in text)

@@ -168,8 +168,6 @@ class LayerStatus:
     path: str | None
     status: LayerState
     reason: str = ""  # why no file is used
-    # the parsed autoalloc table, for a file found and readable
-    table: object = field(default=None, compare=False, repr=False)
     config: LayerConfig | None = field(default=None, compare=False, repr=False)  # validated
     data: bytes = field(default=b"", compare=False, repr=False)  # the bytes read (layercache)
     notes: tuple[str, ...] = ()  # a sentence for each part of a file used that is left out

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -20,7 +19,7 @@ from autoalloc import configdirs, layercache, layerpaths, messages, safefile, wr
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import CONFIG_VAR
 from autoalloc.globs import RulePatterns
-from autoalloc.layerpaths import project_start
+from autoalloc.layerpaths import BUILTIN_PATH, WRAPPERS_PATH, may_wrap, project_start, shadow_note
 from autoalloc.policy import (
     LayerConfig,
     LayerName,
@@ -36,8 +35,6 @@ from autoalloc.policy import (
 from autoalloc.records import replace
 
 MAX_BYTES = 1 << 20
-BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
-WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 
 
 class LayerError(Exception):
@@ -187,22 +184,6 @@ def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
     return found
 
 
-_UNTRUSTED = (
-    "it or its directory is owned by another user; ignored "
-    "(trust it with AUTOALLOC_TRUSTED_DIRS or trusted_dirs in your user config)"
-)
-
-
-def shadow_note(of_pyproject: bool = False) -> str:
-    """What a run, ``explain`` and ``check`` say about a ``[tool.autoalloc]`` never read: in
-    the autoalloc.toml's message (one file named per message), or in the pyproject.toml's."""
-    whose = "Its" if of_pyproject else "The pyproject.toml beside it has a"
-    return (
-        f"{whose} [tool.autoalloc] table, which is ignored: autoalloc.toml in the same "
-        "directory wins (move that table into autoalloc.toml, or delete autoalloc.toml)."
-    )
-
-
 def shadowed_table(path: str) -> str | None:
     """The ``pyproject.toml`` beside an ``autoalloc.toml`` when it has a ``[tool.autoalloc]``
     table, which is then never read (None: there is none, or it is not one)."""
@@ -216,46 +197,22 @@ def shadowed_table(path: str) -> str | None:
 MAX_SCAN = 16 << 20  # bytes of a pyproject.toml over MAX_BYTES searched for "autoalloc"
 
 
-def _scan(path: str) -> bool | None:
-    """Whether a regular file larger than ``MAX_BYTES`` names autoalloc, read a chunk at a
-    time up to ``MAX_SCAN`` bytes (None: it cannot be told, the file being larger still or
-    unreadable). A pyproject.toml that large is a generated one, never autoalloc's."""
-    word = b"autoalloc"
-    try:
-        fd = os.open(path, safefile.OPEN_FLAGS)
-    except (OSError, ValueError):
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SCAN:
-            return None
-        tail, size = b"", 0
-        while size <= MAX_SCAN:
-            chunk = os.read(fd, MAX_BYTES)
-            if not chunk:
-                return False
-            if word in tail + chunk:
-                return True
-            tail, size = chunk[-len(word):], size + len(chunk)
-        return None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
-
 def _passed_over(path: str, exc: LayerError) -> LayerStatus | None:
     """A pyproject.toml that ``read_file`` refused: not autoalloc's until it is seen to be.
 
-    None: a large one that does not name autoalloc (the search goes on, nothing to say); an
-    ``error`` layer for a large one that does (a broken policy, as an autoalloc.toml would
-    be); else ``skipped``: it cannot be inspected (a FIFO, a device, a directory, no read
-    permission, larger than ``MAX_SCAN``), which explain and check mention, and a run does
-    not: such a file is seldom a policy, and the search goes on upward."""
-    if isinstance(exc, TooLarge):
-        named = _scan(path)
-        if named is not None:
-            return LayerStatus("project", path, "error", str(exc)) if named else None
+    None: a large one that does not name autoalloc within ``MAX_SCAN`` bytes (the search
+    goes on, nothing to say: a pyproject.toml that large is a generated one); an ``error``
+    layer for a large one that does (a broken policy, as an autoalloc.toml would be); else
+    ``skipped``: it cannot be inspected (a FIFO, a device, a directory, no read permission,
+    larger than ``MAX_SCAN``), which explain and check mention, and a run does not: such a
+    file is seldom a policy, and the search goes on upward."""
+    try:
+        if isinstance(exc, TooLarge) and b"autoalloc" in safefile.read(path, MAX_SCAN)[0]:
+            return LayerStatus("project", path, "error", str(exc))
+        if isinstance(exc, TooLarge):
+            return None
+    except (OSError, ValueError):
+        pass  # larger still, or unreadable: it cannot be told
     why = f"{exc}; not inspected for a [tool.autoalloc] table, and passed over"
     return LayerStatus("project", path, "skipped", why)
 
@@ -284,16 +241,12 @@ def _project_candidate(path: str, trusted: Sequence[str] | None) -> LayerStatus 
                     return None
             except LayerError:
                 pass
-            return LayerStatus("project", path, "untrusted", _UNTRUSTED)
-        cached = _cached("project", path, False, data)
-        if cached is not None:
-            return cached
-        table, notes = _project_table(path, data)
+            why = ("it or its directory is owned by another user; ignored (trust it with "
+                   "AUTOALLOC_TRUSTED_DIRS or trusted_dirs in your user config)")
+            return LayerStatus("project", path, "untrusted", why)
+        return _layer("project", path, data, False, _project_table)
     except LayerError as exc:
         return LayerStatus("project", path, "error", str(exc))
-    if table is None:
-        return None
-    return LayerStatus("project", path, "found", table=table, data=data, notes=notes)
 
 
 def _find(
@@ -331,24 +284,6 @@ _LAYERS: dict[tuple, tuple[bytes, LayerStatus]] = {}
 _LAYERS_MAX = 16
 
 
-def _validated(read: LayerStatus, allow_trust: bool) -> LayerStatus:
-    if read.status != "found" or read.config is not None:
-        return read
-    try:
-        source = Source(read.layer, read.path or "")
-        config, problems = salvage(read.table, source, allow_trust)
-    except PolicyError as exc:
-        return replace(read, status="error", reason=str(exc))
-    # A file used in part is "found", with a note of each part left out.
-    done = replace(read, config=config, table=None, notes=(*read.notes, *problems))
-    if read.data and read.path:
-        key = _layer_key(read.layer, read.path, allow_trust)
-        _remember(key, read.data, done)
-        value = (done.status, done.notes, config)
-        layercache.put("layer", key, read.data, value, _LAYER_RECORDS)
-    return done
-
-
 def _layer_key(layer: LayerName, path: str, allow_trust: bool) -> tuple:
     """What a validated layer depends on besides its bytes (HOME: ``~`` in patterns)."""
     return (layer, path, allow_trust, os.environ.get("HOME"))
@@ -378,19 +313,36 @@ def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> Laye
 def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerStatus:
     """One named layer file, read and validated."""
     try:
-        data = read_bytes(path)
-        cached = _cached(layer, path, allow_trust, data)
-        if cached is not None:
-            return cached
-        table, notes = _table(path, data)
+        found = _layer(layer, path, read_bytes(path), allow_trust)
     except FileNotFoundError:
         return LayerStatus(layer, path, "missing")
     except LayerError as exc:
         return LayerStatus(layer, path, "error", str(exc))
+    return found or LayerStatus(layer, path, "missing", "no [tool.autoalloc] table")
+
+
+def _layer(
+    layer: LayerName, path: str, data: bytes, allow_trust: bool, tables: Callable = _table
+) -> LayerStatus | None:
+    """The layer validated from a file's bytes, or remembered from them (None: a
+    pyproject.toml without our table). Raises LayerError."""
+    cached = _cached(layer, path, allow_trust, data)
+    if cached is not None:
+        return cached
+    table, notes = tables(path, data)
     if table is None:
-        return LayerStatus(layer, path, "missing", "no [tool.autoalloc] table")
-    found = LayerStatus(layer, path, "found", table=table, data=data, notes=notes)
-    return _validated(found, allow_trust)
+        return None
+    try:
+        config, problems = salvage(table, Source(layer, path), allow_trust)
+    except PolicyError as exc:
+        return LayerStatus(layer, path, "error", str(exc))
+    # A file used in part is "found", with a note of each part left out.
+    done = LayerStatus(layer, path, "found", config=config, data=data, notes=(*notes, *problems))
+    if data:
+        key = _layer_key(layer, path, allow_trust)
+        _remember(key, data, done)
+        layercache.put("layer", key, data, ("found", done.notes, config), _LAYER_RECORDS)
+    return done
 
 
 def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:
@@ -421,34 +373,6 @@ def builtin_wrappers() -> tuple[wrappers.Wrapper, ...]:
     return read.config.wrappers if read.status == "found" and read.config is not None else ()
 
 
-@functools.lru_cache(maxsize=1)
-def _builtin_wrappers_text() -> str:
-    try:
-        with open(WRAPPERS_PATH, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, ValueError):
-        return ""
-
-
-def may_wrap(entry: EntryPoint) -> bool:
-    """Whether a built-in wrapper could be ``entry``: its module, command or file name is
-    quoted in the table. Most programs are not wrappers, and reading the text is much
-    cheaper than parsing the table, which ``builtin_wrappers()`` does only when this says so.
-
-    Assumes what the schema does not require: wrappers.toml writes each module and command
-    pattern as a literal in double quotes (``"name"``), and each script pattern's last
-    segment too (``"name"``, ``".../name"``); a glob there would never be found, and its
-    wrapper never taken off (``test_wrappers`` checks the table)."""
-    if entry.kind in ("module", "command"):
-        name = entry.target
-    elif entry.kind == "script":
-        name = os.path.basename(entry.path.rstrip("/"))
-    else:
-        return False
-    text = _builtin_wrappers_text()
-    return bool(name) and (f'"{name}"' in text or f'/{name}"' in text)
-
-
 def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> list[LayerStatus]:
     """Every layer for this entry point, lowest first."""
     # 1. built-in rules, shipped as package data
@@ -466,7 +390,7 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
     configs = [r.config for r in (site, user, named) if r.config is not None]
     # 4. project: the nearest autoalloc.toml or pyproject.toml [tool.autoalloc] upward
     found, skipped = _find(project_start(entry, cwd), layerpaths.trusted_dirs(env, configs))
-    project = _validated(found or LayerStatus("project", None, "missing"), allow_trust=False)
+    project = found or LayerStatus("project", None, "missing")
     if project.path and shadowed_table(project.path):
         project = replace(project, aside=shadow_note())
     # the pyproject.toml files passed over come after the project layer, not to be taken

@@ -141,7 +141,7 @@ def test_project_search_upward_from_script_dir(tmp_path: Path) -> None:
     entry = parse(["py", "sub/deeper/train.py"], str(tmp_path / "proj"))
     found = sources.find_project(sources.project_start(entry, "/nonexistent"))
     assert found and found.path == str(tmp_path / "proj" / "pyproject.toml")
-    assert found.table == {"enabled": False}
+    assert found.config is not None and found.config.enabled is False
 
 
 def test_project_search_from_cwd_without_script(tmp_path: Path) -> None:
