@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from autoalloc import sources
+from autoalloc import layerpaths, sources
 from autoalloc.envvars import CONFIG_VAR
 from autoalloc.version import __version__
 
@@ -235,7 +235,7 @@ def _file_problems(
 ) -> list[str]:
     from autoalloc.policy import PolicyError, Source, salvage, unknown_switches
 
-    layer = "project" if os.path.basename(path) in sources.PROJECT_FILES else "user"
+    layer = "project" if os.path.basename(path) in layerpaths.PROJECT_FILES else "user"
     if os.path.abspath(path) == sources.BUILTIN_PATH:
         layer = "builtin"  # its rules may come in parts of one name
     try:

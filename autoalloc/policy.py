@@ -167,15 +167,16 @@ class LayerStatus:
     layer: LayerName
     path: str | None
     status: LayerState
-    message: str = ""
-    # the parsed autoalloc table, for a file found and readable
-    table: object = field(default=None, compare=False, repr=False)
+    reason: str = ""  # why no file is used
     config: LayerConfig | None = field(default=None, compare=False, repr=False)  # validated
     data: bytes = field(default=b"", compare=False, repr=False)  # the bytes read (layercache)
-    # what reading found beside the table: autoalloc keys misplaced in a pyproject.toml
-    notes: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    notes: tuple[str, ...] = ()  # a sentence for each part of a file used that is left out
+    aside: str = ""  # what the file leaves unread elsewhere (a [tool.autoalloc] beside it)
 
-
+    @property
+    def message(self) -> str:
+        """What a run warns of once, and explain and check show."""
+        return " ".join(filter(None, (self.reason, summarize(self.notes), self.aside)))
 
 
 @record(frozen=True)

@@ -22,7 +22,7 @@ LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", 
           "counters", "problems", "modulesets", "safefile", "privatedir", "version"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
-    "evidence", "scan", "cachedir", "configdirs",
+    "evidence", "scan", "cachedir", "configdirs", "layerpaths",
 }
 APPLICATION = {"hook", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}

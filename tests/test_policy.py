@@ -141,7 +141,7 @@ def test_project_search_upward_from_script_dir(tmp_path: Path) -> None:
     entry = parse(["py", "sub/deeper/train.py"], str(tmp_path / "proj"))
     found = sources.find_project(sources.project_start(entry, "/nonexistent"))
     assert found and found.path == str(tmp_path / "proj" / "pyproject.toml")
-    assert found.table == {"enabled": False}
+    assert found.config is not None and found.config.enabled is False
 
 
 def test_project_search_from_cwd_without_script(tmp_path: Path) -> None:
@@ -241,3 +241,36 @@ def test_ten_thousand_rules_validate_and_compose() -> None:
         validate({"rules": [*user, {"name": "u3", "scripts": ["x.py"]}]}, Source("user", "/u"))
 
 
+
+
+def test_discovery_is_a_function_of_paths() -> None:
+    from autoalloc import layerpaths
+
+    assert list(layerpaths.project_candidates("/a/b")) == [
+        "/a/b/autoalloc.toml", "/a/b/pyproject.toml", "/a/autoalloc.toml", "/a/pyproject.toml",
+        "/autoalloc.toml", "/pyproject.toml",
+    ]
+    assert list(layerpaths.project_candidates(None)) == []
+
+    def denied(path: str) -> os.stat_result:
+        raise PermissionError(13, "Permission denied", path)
+
+    assert layerpaths.examine("/x/config.toml", denied) == "blocked"
+    path, why = layerpaths.config_file(lambda: "/x/config.toml", denied)
+    assert path == "/x/config.toml" and why.startswith("cannot be examined")
+    assert layerpaths.config_file(lambda: "rel/config.toml")[1].startswith("not an absolute")
+    assert layerpaths.beside("/p/autoalloc.toml") == "/p/pyproject.toml"
+    assert layerpaths.beside("/p/pyproject.toml") is None
+
+
+def test_a_layers_notes_are_data_rendered_once_in_its_message(tmp_path: Path) -> None:
+    (tmp_path / "autoalloc.toml").write_text(
+        'enable = ["nope-x"]\n[[rules]]\nname = "r"\nscripts = 1\n'
+    )
+    (tmp_path / "pyproject.toml").write_text("[tool.autoalloc]\nenabled = false\n")
+    layers = sources.read_layers(EntryPoint("unknown"), {}, str(tmp_path))
+    project = next(layer for layer in layers if layer.layer == "project")
+    assert len(project.notes) == 2 and "'nope-x'" in project.notes[0]
+    assert project.aside == sources.shadow_note() and project.reason == ""
+    rest = "The rest of the file applies."
+    assert project.message == " ".join((*project.notes, rest, project.aside))

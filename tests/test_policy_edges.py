@@ -1,7 +1,7 @@
 """No policy is ever silently ignored: autoalloc keys at the top level of a pyproject.toml,
-mistyped rule names in ``disable``/``enable``, a pyproject.toml that cannot be inspected,
-``init`` where a project policy applies already, a closed pipe, an ``AUTOALLOC_DISABLE``
-value that is neither true nor false."""
+a ``[tool.autoalloc]`` table under another name, mistyped rule names in ``disable``/``enable``,
+a pyproject.toml that cannot be inspected, ``init`` where a project policy applies already,
+a closed pipe, an ``AUTOALLOC_DISABLE`` value that is neither true nor false."""
 
 from __future__ import annotations
 
@@ -90,6 +90,52 @@ def test_top_level_keys_without_a_table_are_a_broken_policy(tmp_path: Path) -> N
     path.write_text('[[rules]]\nname = "r"\nscripts = ["a.py"]\n')
     found = sources.find_project(str(tmp_path))
     assert found is not None and "[[tool.autoalloc.rules]]" in found.message
+
+
+MISNAMED = [
+    ('[tool.auto-alloc]\nenabled = false\n', "[tool.auto-alloc]", "write [tool.autoalloc]."),
+    ('[tool.auto_alloc]\nenabled = false\n', "[tool.auto_alloc]", "write [tool.autoalloc]."),
+    ("[autoalloc]\nenabled = false\n", "[autoalloc]", "write [tool.autoalloc]."),
+    ('[[autoalloc.rules]]\nname = "r"\nscripts = ["a.py"]\n', "[[autoalloc.rules]]",
+     "write [[tool.autoalloc.rules]]."),
+]
+
+
+@pytest.mark.parametrize(("text", "wrote", "right"), MISNAMED)
+def test_a_misnamed_table_is_a_broken_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, wrote: str, right: str
+) -> None:
+    path = tmp_path / "pyproject.toml"
+    path.write_text('[project]\nname = "x"\n' + text)
+    found = sources.find_project(str(tmp_path))
+    assert found is not None and found.status == "error"
+    assert f"{wrote} in pyproject.toml is not read by autoalloc: {right}" in found.message
+    # Beside a [tool.autoalloc] table, the table applies and the other is named.
+    path.write_text("[tool.autoalloc]\nenabled = true\n" + text)
+    found = sources.find_project(str(tmp_path))
+    assert found is not None and found.status == "found" and right in found.message
+    (problem,) = sources.pyproject_problems(str(path), path.read_bytes())
+    assert right in problem
+    # A pyproject.toml that names no spelling of autoalloc is not parsed at all.
+    monkeypatch.setattr(sources, "parse_toml", lambda data: pytest.fail("parsed"))
+    path.write_text('[project]\nname = "x"\n[tool.black]\nline-length = 100\n')
+    assert sources.find_project(str(tmp_path)) is None
+
+
+def test_a_misnamed_table_is_said_by_check_explain_and_once_per_job(sandbox: Sandbox) -> None:
+    sandbox.write("pyproject.toml", '[tool.auto-alloc]\n[[tool.auto-alloc.rules]]\n'
+                                    'name = "off"\nscripts = ["**/*.py"]\naction = "skip"\n')
+    script = sandbox.write(NEMO, JOB)
+    run = sandbox.run([str(script)])
+    assert_applied(run, "nemo-asr-train")  # the skip rule is never read
+    (warning,) = autoalloc_warnings(run.stderr)  # parent and child: one job, one warning
+    said = "[[tool.auto-alloc.rules]] in pyproject.toml is not read by autoalloc: write " \
+           "[[tool.autoalloc.rules]]"
+    assert said in warning
+    check = autoalloc_cmd(sandbox, "check")
+    assert check.returncode == 1 and said in check.stdout, check.stdout
+    explain = autoalloc_cmd(sandbox, "explain", "--", "python", str(script))
+    assert said in explain.stdout
 
 
 def test_a_disable_naming_a_builtin_rule_or_wrapper_is_no_mistake(tmp_path: Path) -> None:
