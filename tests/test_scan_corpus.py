@@ -33,10 +33,12 @@ def test_the_prediction_agrees_with_the_run_view() -> None:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    result = module.score(Path(TREES), module.scan.BUDGET_S)
-    summary = module.summary(result, module.scan.BUDGET_S)
+    result = module.score(Path(TREES))
+    summary = module.summary(result)
     assert summary["rows"] > 0, "no corpus tree found under AUTOALLOC_CORPUS_TREES"
     measured = json.loads(RESULT.read_text(encoding="utf-8"))["per_tree"]
     # the trees present: at least as many rows agree as when measured (1,395 of 1,428 in all)
     want = sum(measured[repo].get("agree", 0) for repo in summary["per_tree"])
     assert summary["agree"] >= want, module.render(result)
+    # decided before torch starts only where the entry script itself trains
+    assert summary["early"]["without_an_optimizer_in_the_run_view"] == 0, summary["early"]

@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 from autoalloc import evidence, scan  # noqa: E402
 from autoalloc.entrypoint import EntryPoint  # noqa: E402
 from autoalloc.match import first_match, training_names  # noqa: E402
+from autoalloc.plan import library_names  # noqa: E402
 from tests.test_corpus import (  # noqa: E402
     UNLISTED,
     builtin_policy,
@@ -159,11 +160,12 @@ def applied(match) -> str | None:
     return match.rule.name if match.rule is not None and match.rule.action == "apply" else None
 
 
-def score(trees: Path, budget_s: float) -> dict:
+def score(trees: Path) -> dict:
     policy = builtin_policy()
     rules = policy.rules
     names = training_names(rules)
     libraries = evidence.installed_dirs()
+    libs = library_names(rules)
     commits: dict[str, set[str]] = {}
     for row in UNLISTED:
         commits.setdefault(row["repo"], set()).add(row["commit"])
@@ -200,16 +202,18 @@ def score(trees: Path, budget_s: float) -> dict:
             "optimizer_label": row["optimizer"],
         }
         try:
-            found = scan.scan(str(script), launch_args(row), cwd, libraries, budget_s=budget_s)
+            found = scan.scan(str(script), launch_args(row), cwd, libraries, names)
         except FileNotFoundError:
             out["error"] = "script not in the tree"
             per_tree.setdefault(row["repo"], Counter())["missing script"] += 1
             rows_out.append(out)
             continue
-        seen = found.imported() | {"torch"}
+        seen = found.imported(libs) | {"torch"}
         trains = found.optimizer is not None
         predicted = applied(first_match(rules, entry, seen, trains=trains))
         if_trains = applied(first_match(rules, entry, seen, trains=True))
+        # decided before torch starts: what plan._early does (the entry script builds it)
+        early = if_trains if found.builds_here else None
         outcome = (
             "apply"
             if predicted
@@ -226,6 +230,7 @@ def score(trees: Path, budget_s: float) -> dict:
             "if_trains": if_trains,
             "outcome": outcome,
             "optimizer_scan": found.optimizer,
+            "early": early,
             "complete": found.complete,
             "files": len(found.files),
             "unknown": list(found.unknown[:2]),
@@ -264,6 +269,9 @@ def score(trees: Path, budget_s: float) -> dict:
         c = per_tree.setdefault(row["repo"], Counter())
         c["agree" if out["agree"] else "disagree"] += 1
         c["incomplete"] += not found.complete
+        c["early"] += early is not None
+        c["early_without_optimizer"] += early is not None and not row["optimizer"]
+        c["early_not_train"] += early is not None and row["label"] != "TRAIN"
         for view, got in (("pred", predicted), ("run", run)):
             want = row["label"] == "TRAIN"
             c[f"{view}_" + (("TP" if want else "FP") if got else ("FN" if want else "TN"))] += 1
@@ -310,6 +318,12 @@ def render(result: dict) -> str:
         f"of {len(applies)} rows the run view applies to: the prediction applies the "
         f"same rule to {same}; {later} more would get it if an optimizer were found"
     )
+    early = [r for r in scored if r.get("early")]
+    lines.append(
+        f"decided before torch starts: {len(early)} rows; without an optimizer in the run view "
+        f"{sum(not r['optimizer_label'] for r in early)}; not TRAIN "
+        f"{[(r['label'], r['repo'], r['path']) for r in early if r['label'] != 'TRAIN']}"
+    )
     wrong = [r for r in scored if not r["agree"]]
     lines.append(f"disagreements by direction: {dict(Counter(r['direction'] for r in wrong))}")
     lines.append(f"disagreements by cause: {dict(Counter(r['cause'] for r in wrong))}")
@@ -326,7 +340,7 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def summary(result: dict, budget_s: float) -> dict:
+def summary(result: dict) -> dict:
     total: Counter = Counter()
     for c in result["per_tree"].values():
         total.update(c)
@@ -339,7 +353,15 @@ def summary(result: dict, budget_s: float) -> dict:
         "what": "explain's prediction (autoalloc.scan on the trees' real source) against the "
         "run view (tests/test_corpus.py::unlisted_rule) on tests/corpus/unlisted.json, "
         "built-in policy, AMBIGUOUS rows left out",
-        "scan_budget_s": budget_s,
+        "scan_budget": {"files": scan.MAX_FILES, "bytes_per_file": scan.MAX_BYTES,
+                        "bytes": scan.MAX_TOTAL},
+        "early": {
+            "rows": total["early"],
+            "without_an_optimizer_in_the_run_view": total["early_without_optimizer"],
+            "not_speech_to_text_training": total["early_not_train"],
+            "of_them": [f"{r['label']} {r['repo']} {r['path']} ({r['early']})"
+                        for r in scored if r.get("early") and r["label"] != "TRAIN"],
+        },
         "trees": result["trees"],
         "rows": n,
         "agree": total["agree"],
@@ -441,12 +463,6 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="with --git-dirs: write only this tree (repeatable)",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        default=scan.BUDGET_S,
-        help=f"the scan's time budget per script (default {scan.BUDGET_S} s)",
-    )
     parser.add_argument("--json", type=Path, default=None, help="write the summary here")
     args = parser.parse_args(argv)
     if args.git_dirs is not None:
@@ -468,12 +484,12 @@ def main(argv: list[str] | None = None) -> int:
                 where = "found" if note["found"] else f"NOT FOUND, used HEAD {note['used'][:12]}"
                 print(f"{repo} {commit[:12]}: {where}, {note['files']} files", file=sys.stderr)
     started = time.monotonic()
-    result = score(args.trees, args.budget)
+    result = score(args.trees)
     print(render(result))
     print(f"({time.monotonic() - started:.0f} s)")
     if args.json is not None:
         args.json.write_text(
-            json.dumps(summary(result, args.budget), indent=1) + "\n", encoding="utf-8"
+            json.dumps(summary(result), indent=1) + "\n", encoding="utf-8"
         )
     return 0
 
