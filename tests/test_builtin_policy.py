@@ -151,6 +151,13 @@ SCRIPTS = [
     ("icefall/egs/librispeech/ASR/rnn_lm/train.py", "asr-data-prep", "skip"),  # a text LM
     ("icefall/egs/librispeech/ASR/transformer_lm/train.py", "asr-data-prep", "skip"),
     ("icefall/egs/wenetspeech/KWS/zipformer/train.py", None, "none"),
+    # ESPnet1: espnet/bin/*_train.py, put on PATH by a recipe's path.sh
+    ("espnet/espnet/bin/asr_train.py", "espnet1-asr-train", "apply"),
+    ("espnet/espnet/bin/asr_rnnt_train.py", "espnet1-asr-train", "apply"),
+    ("espnet/espnet/bin/st_train.py", "espnet1-asr-train", "apply"),
+    ("espnet/espnet/bin/lm_train.py", None, "none"),  # a text language model
+    ("espnet/espnet/bin/mt_train.py", None, "none"),  # text translation
+    ("espnet/espnet/bin/asr_recog.py", None, "none"),  # decoding
     # WeNet
     ("wenet/wenet/bin/train.py", "wenet-train", "apply"),
     ("wenet/wenet/bin/average_model.py", None, "none"),
@@ -572,6 +579,19 @@ TRAINS = [
     (["finetune.py"], {*STACK, "transformers"}, "speech-training", "apply"),  # a text model
     (["finetune.py"], {"soundfile", "jiwer"}, "speech-training", "apply"),  # WER scoring
     (["finetune.py"], {"jiwer"}, None, "none"),  # no audio stack: OCR, text
+    # what it trains with: its loss, its metric, its toolkit's text side
+    (["train.py"], {"soundfile", "torch.nn.CTCLoss"}, "speech-training", "apply"),
+    (["train.py"], {*STACK, "torchmetrics.text.WordErrorRate"}, "speech-training", "apply"),
+    (["train.py"], {*STACK, "torchaudio.functional.rnnt_loss"}, "speech-training", "apply"),
+    (["train.py"], {"speechbrain", "speechbrain.dataio.encoder.CTCTextEncoder"},
+     "speech-training", "apply"),
+    (["train.py"], {"librosa", "evaluate.load:wer"}, "speech-training", "apply"),
+    (["train_ocr.py"], {"torch.nn.CTCLoss"}, None, "none"),  # CTC on images: no audio
+    (["train_kws.py"], {"soundfile", "torch.nn.CrossEntropyLoss"}, None, "none"),
+    # a TTS aligner's CTC loss is no speech-to-text library: it does not outweigh phonemizer
+    (["train_tts.py"], {*STACK, "phonemizer", "torch.nn.functional.ctc_loss"}, None, "none"),
+    (["train.py"], {*STACK, "pypinyin", "torchmetrics.text.CharErrorRate"}, "speech-training",
+     "apply"),
     (["train_tts.py"], {*STACK, "phonemizer"}, None, "none"),  # TTS front-end: audio-training
     (["train_tts.py"], {*STACK, "transformers", "phonemizer"}, None, "none"),
     (["train_vocoder.py"], {"librosa", "auraloss"}, None, "none"),
@@ -645,6 +665,7 @@ def test_not_imports_of_speech_training_and_audio_training_agree() -> None:
 # Rules that are off until a layer lists them in `enable`: (argv, the rule once enabled)
 OFF_CASES = [
     (["NeMo/examples/tts/fastpitch.py"], "audio-training"),
+    (["espnet/espnet/bin/tts_train.py"], "audio-training"),
     (["icefall/egs/ljspeech/TTS/vits/train.py"], "audio-training"),
     (["speechbrain/recipes/LJSpeech/TTS/vocoder/hifigan/train.py"], "audio-training"),
     (["audio/examples/pipeline_tacotron2/train.py"], "audio-training"),
