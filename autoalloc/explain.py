@@ -199,7 +199,7 @@ def predict(result: Plan, env: Mapping[str, str], cwd: str | None) -> dict[str, 
     after = result.after_training(env, _source_names(result, found), late=True)
     rule = after.decision.rule if after.decision.action == "apply" else None
     outcome = _outcome(result, env, found, rule)
-    if found.unread and outcome["outcome"] != "apply":
+    if found.unread and outcome["outcome"] != "apply" and found.script in found.files:
         outcome["text"] += f"; not read: {_unread(found.unread)}"
     return out | outcome
 
@@ -223,8 +223,9 @@ def _outcome(
     """The prediction's outcome, when, and its one-line text."""
     policy = result.policy
     if found.script not in found.files:
+        why = next((u.rpartition(" (")[2] for u in found.unread), ")")
         return {"outcome": "depends", "when": None, "rule": None,
-                "text": "depends on what its source does: it could not be read"}
+                "text": f"depends on what its source does: it could not be read ({why}"}
     if rule is not None:
         why = shown(next(r for r in policy.rules if r.name == rule), found) if policy else ""
         depends = {"outcome": "depends", "when": None, "rule": rule}
@@ -293,7 +294,7 @@ def _no_speech_signal(result: Plan, found: scan.Scan) -> str | None:
     rule = next((r for r in policy.rules if r.name == "speech-training"), None) if policy else None
     imported = _source_names(result, found)
     audio = next((n for n in rule.imports if n in imported), None) if rule else None
-    if audio is None:
+    if audio is None or any(n in imported for n in rule.not_imports):  # other audio work
         return None
     script = os.path.basename(found.script)
     return (f"it trains with audio ({audio} at {_where(audio, found)}) but shows no "

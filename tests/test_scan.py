@@ -130,8 +130,56 @@ def test_installed_code_is_not_read_and_budgets_hold(tmp_path: Path) -> None:
     many.update({f"m{i}.py": "" for i in range(300)})
     found = _scan(tmp_path, many)
     assert not found.complete and len(found.files) == scan.MAX_FILES
+    assert len(found.unread) == 300 + 1 - scan.MAX_FILES
+    assert found.unread[0].endswith(" (over the budget of files)")
     with pytest.raises(FileNotFoundError):
         scan.scan(str(tmp_path / "nope.py"), (), str(tmp_path), LIBS)
+
+
+def test_no_clock_bounds_the_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files and bytes bound what is read, never the time it takes: a loaded machine decides
+    as an idle one (a clock that jumps an hour per call changes nothing)."""
+    import time
+
+    hour = iter(range(0, 10**9, 3600))
+    monkeypatch.setattr(time, "monotonic", lambda: float(next(hour)))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(hour)))
+    files = {"train.py": "import a\n", "a.py": "import b\n", "b.py": "import soundfile\n"}
+    found = _scan(tmp_path, files)
+    assert found.complete and found.names["soundfile"] == "b.py:1"
+    assert scan.named_in([str(tmp_path / "b.py")], ["soundfile"]) == {
+        "soundfile": f"{tmp_path / 'b.py'}:1"}
+
+
+def test_what_the_code_uses_among_the_names_asked_for(tmp_path: Path) -> None:
+    found = scan.scan(
+        str(_write(tmp_path, "train.py", """
+            import torch.nn as nn
+            import torch.nn.functional as F
+            import evaluate
+            from mytool import tgt
+            ctc = nn.CTCLoss(blank=0)
+            metric = evaluate.load("wer")
+            def step(x):
+                return F.ctc_loss(x, x, x, x)
+        """)), (), str(tmp_path), LIBS,
+        wanted={"torch.nn.CTCLoss", "torch.nn.functional.ctc_loss", "evaluate.load:wer"})
+    assert found.names["torch.nn.CTCLoss"] == "train.py:6"
+    assert found.names["evaluate.load:wer"] == "train.py:7"
+    assert found.names["torch.nn.functional.ctc_loss"] == "train.py:9"
+    assert set(found.uses) == {"torch.nn.CTCLoss", "evaluate.load:wer",
+                               "torch.nn.functional.ctc_loss"}
+    _write(tmp_path, "tgt.py", "")
+    own = scan.scan(str(_write(tmp_path, "t2.py", "import tgt\nimport soundfile\n")), (),
+                    str(tmp_path), LIBS)
+    assert own.own == ("tgt",) and "tgt" not in own.imported({"tgt", "soundfile"})
+    assert "soundfile" in own.imported({"tgt", "soundfile"})
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
 
 
 # End to end: the prediction and the real hook on the same scripts. ``site-packages/`` holds
@@ -180,7 +228,7 @@ def test_explain_first_line_answers_and_a_missing_script_is_an_error(sandbox: Sa
     env = _programs(sandbox)
     text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "speech.py"], env=env).stdout
     first = text.splitlines()[0]
-    assert first.startswith("prediction:   apply at its first optimizer (speech-training: ")
+    assert first.startswith("prediction:   apply before torch starts (speech-training: ")
     assert "soundfile at speech.py:1" in first and "builds torch.optim.AdamW at speech.py:4" in first
     assert "check:" not in text  # no generic example: the script was read
     tts = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "tts.py"], env=env).stdout
@@ -188,6 +236,26 @@ def test_explain_first_line_answers_and_a_missing_script_is_an_error(sandbox: Sa
         'prediction:   stays off: trains other audio (audio-training would take it: '
         'enable = ["audio-training"])'
     )
+    # what it did not read is said, and a source that cannot be parsed is no "stays off"
+    sandbox.write("deep.py", "x = 1" + "+1" * 20000 + "\n")
+    sandbox.write("big.py", "x = 1\n" + "#" * (3 << 20) + "\n")
+    sandbox.script("uses_deep.py", "try:\n    import deep\nexcept RecursionError:\n    pass\n"
+                   "import big, soundfile\nimport torch\ntorch.optim.SGD([torch.zeros(1)], 0.1)\n")
+    report = sandbox.run(["-m", "autoalloc", "explain", "--json", "--", "python", "uses_deep.py"],
+                         env=env)
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+    prediction = json.loads(report.stdout)["prediction"]
+    assert prediction["complete"] is False
+    assert {u.rpartition(" (")[2] for u in prediction["unread"]} == {
+        "cannot be parsed: RecursionError)", "larger than 1 MiB)"}
+    assert "; not read: " in prediction["text"]
+    assert "deep.py (cannot be parsed: RecursionError)" in prediction["text"]
+    assert "big.py (larger than 1 MiB)" in prediction["text"]
+    text = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "deep.py"], env=env)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0] == (
+        "prediction:   depends on what its source does: it could not be read (cannot be "
+        "parsed: RecursionError)")
     missing = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "nope.py"], env=env)
     assert missing.returncode == 2
     assert missing.stdout.startswith("prediction:   no such script: ")
