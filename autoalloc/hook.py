@@ -27,8 +27,8 @@ from autoalloc import entrypoint, layercache, messages, torchinfo
 from autoalloc.decide import Decision
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import DEFERRED_VAR, REPORT_VAR
-from autoalloc.late import Late, segments_on, watcher
-from autoalloc.match import pending_triggers, watches_training
+from autoalloc.late import Late, forget, segments_on
+from autoalloc.match import watches_training
 from autoalloc.plan import Plan, plan
 from autoalloc.policy import Policy
 from autoalloc.records import record
@@ -97,18 +97,10 @@ def before_exec(
     entry, cwd = entrypoint.current(), entrypoint.current_cwd()
     STATE.plan = plan(entry, os.environ, cwd, info, imported, argv=getattr(sys, "argv", None))
     STATE.own = frozenset(sys.modules.keys() - imported - elsewhere)
-    STATE.late = late = Late(STATE, commit)
+    STATE.late = Late(STATE, commit)
     commit(STATE.plan.decision)
-    found = watcher()
-    if found is not None and STATE.decision.action == "none" and STATE.policy is not None:
-        pending = pending_triggers(STATE.policy.rules, STATE.plan.imported)
-        dead = pending & STATE.own
-        if dead:  # already in sys.modules: the program's import of them executes nothing
-            messages.debug(f"imports {sorted(dead)} cannot trigger: autoalloc imported them")
-        found.names |= pending - dead
-        # imported by another thread while autoalloc decided: it has executed, so it triggers now
-        for name in sorted(pending & frozenset(elsewhere) & sys.modules.keys()):
-            late.trigger(found, name)
+    if STATE.decision.action == "none" and STATE.policy is not None:
+        STATE.late.watch_triggers(elsewhere)
 
 
 def after_exec(module: ModuleType, imported: set[str]) -> None:
@@ -129,11 +121,7 @@ def after_exec(module: ModuleType, imported: set[str]) -> None:
             STATE.recording = recording = recorder.install(module, STATE.decision)
         _arm_training(module)
         _arm_adaptive(module, recording.sampler if recording is not None else None)
-    found = watcher()
-    if found is not None:
-        found.names.discard("torch")
-        if STATE.late is not None:
-            STATE.late.settle(found)
+    forget("torch")
 
 
 def _arm_training(torch: ModuleType) -> None:

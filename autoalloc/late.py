@@ -19,7 +19,7 @@ from types import FrameType
 from autoalloc import allocconf, evidence, messages
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
-from autoalloc.match import training_names
+from autoalloc.match import pending_triggers, training_names
 from autoalloc.plan import Plan, library_names
 from autoalloc.records import replace
 
@@ -38,6 +38,15 @@ def retire(found) -> None:
     iterating the current one, and removing an entry from it would skip the next finder."""
     if any(f is found for f in sys.meta_path):
         sys.meta_path = [f for f in sys.meta_path if f is not found]
+
+
+def forget(name: str) -> None:
+    """``name`` needs no more watching; the watcher goes once nothing is left to watch."""
+    found = watcher()
+    if found is not None:
+        found.names.discard(name)
+        if not found.names:
+            retire(found)
 
 
 def segments_on(decision: Decision) -> bool:
@@ -60,10 +69,19 @@ class Late:
 
     # ---------------------------------------------------------------- the watched names
 
-    def watch(self, names: Iterable[str]) -> None:
-        found = watcher()
-        if found is not None:
-            found.names |= set(names)
+    def watch_triggers(self, elsewhere: Iterable[str]) -> None:
+        """Nothing decided at ``import torch``: watch the policy's pending import triggers
+        (``elsewhere``: what other threads imported meanwhile, which triggers now)."""
+        found, state = watcher(), self.state
+        if found is None or state.policy is None or state.plan is None:
+            return
+        pending = pending_triggers(state.policy.rules, state.plan.imported)
+        dead = pending & state.own
+        if dead:  # already in sys.modules: the program's import of them executes nothing
+            messages.debug(f"imports {sorted(dead)} cannot trigger: autoalloc imported them")
+        found.names |= pending - dead
+        for name in sorted(pending & frozenset(elsewhere) & sys.modules.keys()):
+            self.trigger(found, name)  # it has executed already
 
     def executed(self, name: str) -> None:
         """A watched module other than torch has executed: a trigger decides again."""
