@@ -275,6 +275,8 @@ def check(key: str, field: Field, value: object, where: str = "") -> Any:
         if not isinstance(value, list) or len(value) > MAX_LIST:
             raise PolicyError(f"{name} must be an array of tables ([[{key}]])")
         return value
+    if kind == "strings" and isinstance(value, bool) and key == "enable":
+        raise PolicyError(f"{name} must be a list of rule names{meaning('enabled')}")
     strings = _strings(value, name)
     if kind == "paths":
         for path in strings:
