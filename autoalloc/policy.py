@@ -133,21 +133,12 @@ def _layer(
     from autoalloc import schema  # only where a file is parsed: cached layers skip it
 
     document = schema.walk(data, source.layer, allow_trust)
-    settings = document.settings
     config = LayerConfig(
         source=source,
-        enabled=settings.get("enabled"),
-        on_conflict=settings.get("on_conflict"),
-        on_setter=settings.get("on_setter"),
-        adaptive=settings.get("adaptive"),
-        allocator=settings.get("allocator", {}),
         rules=tuple(_rule(checked, source) for checked in document.rules),
-        disable=settings.get("disable", ()),
-        enable=settings.get("enable", ()),
-        trusted_dirs=settings.get("trusted_dirs", ()),
         wrappers=tuple(Wrapper(layer=source.layer, **w) for w in document.wrappers),
-        module_sets=settings.get("module_sets", {}),
         pending=document.pending,
+        **document.settings,  # each top-level setting of schema.TOP is a field of the same name
     )
     return config, document.problems
 
@@ -174,8 +165,6 @@ class LayerStatus:
     data: bytes = field(default=b"", compare=False, repr=False)  # the bytes read (layercache)
     # what reading found beside the table: autoalloc keys misplaced in a pyproject.toml
     notes: tuple[str, ...] = field(default=(), compare=False, repr=False)
-
-
 
 
 @record(frozen=True)

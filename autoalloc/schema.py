@@ -168,11 +168,8 @@ class Document:
     pending: bool = False
 
 
-def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> Document:
-    """Check a parsed policy document; ``strict``: raise the first problem as PolicyError.
-
-    Raises PolicyError in both modes when the document is not a table at all.
-    """
+def walk(data: object, layer: str, allow_trust: bool) -> Document:
+    """Check a parsed policy document; raises PolicyError only when it is not a table."""
     if not isinstance(data, dict):
         raise PolicyError("the policy must be a table")
     fields = TOP if allow_trust else {k: v for k, v in TOP.items() if k != "trusted_dirs"}
@@ -190,8 +187,6 @@ def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> D
             _check_into(settings, key, fields[key], value, "", problems, _setting_cost(key))
     if sets.raw:
         settings[TABLE] = sets.expanded()
-    if strict and problems:
-        raise PolicyError(problems[0].text)
     pending = any(has_ref(v) for v in settings.get(TABLE, {}).values()) or any(
         has_ref(rule.get(key, ())) for rule in items["rules"] for key in MODULE_LISTS
     )
