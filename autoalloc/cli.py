@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -204,7 +203,7 @@ def _init_pyproject(directory: str) -> int:
     except sources.LayerError as exc:
         return _refuse(f"{path}: {str(exc).rstrip('.')}; not changed")
     # the table, or the commented section an earlier init appended: not a string naming it
-    if table is not None or re.search(rb"(?m)^#\s*\[tool\.autoalloc\]", data):
+    if table is not None or b"\n# [tool.autoalloc]\n" in data:
         return _refuse(f"{path} has a [tool.autoalloc] section already; not changed")
     governing = _project_policy_here()
     text = pyproject_section(hides=governing)

@@ -1,14 +1,13 @@
-"""A rule's lists of module names, declared once, and ``"@name"`` in them expanded to the
-names of a module set.
+"""A rule's lists of module names, declared once, and ``"@name"`` in them expanded.
 
 ``MODULE_LISTS`` declares the lists a rule's import condition reads: ``schema`` checks them,
 ``explain`` and ``selfimports`` say what each does, ``match`` holds what they mean. A policy
 file names lists of modules once, in ``[module_sets]``; a rule's lists refer to them as
-``"@name"``. ``schema`` expands the references to a file's own sets when it validates the file; what
-refers to a lower layer's set stays as written (the layer is ``pending``) until ``link``
-expands it against the sets of the layers below, when the layers are read. The rules that
-match thus hold plain module names only, and a layer that refers to no lower set (the
-built-in one, most files) costs nothing here.
+``"@name"``. ``schema`` expands the references to a file's own sets when it validates the
+file; what refers to a lower layer's set stays as written (the layer is ``pending``) until
+``link`` expands it against the sets of the layers below, when the layers are read. The
+rules that match thus hold plain module names only, and a layer that refers to no lower set
+(the built-in one, most files) costs nothing here.
 
 Pure: tuples and mappings in, tuples out; the layers ``link`` takes are the ``LayerConfig``
 records of ``policy``, changed with ``records.replace`` only (this module sits below

@@ -283,7 +283,7 @@ def unknown_switches(
     """A sentence for each name in ``config``'s ``disable`` or ``enable`` that names no rule
     of any layer (``known``; ``more()``: other names, e.g. the built-in wrappers, asked
     only when a name is not in ``known``), with the closest name that does."""
-    from autoalloc.messages import did_you_mean, meaning, shortened
+    from autoalloc.messages import closest, meaning, shortened
 
     out = []
     extra: Collection[str] | None = None
@@ -295,10 +295,9 @@ def unknown_switches(
             extra = more() if extra is None else extra
             if name in extra:
                 continue
-            # difflib is slow on many names, and case-blind: a hint for the first few only
-            names = sorted({*known, *extra})
-            same = next((n for n in names if n.casefold() == name.casefold()), None)
-            hint = meaning(same) or did_you_mean(name, names) if len(out) < 5 else ""
+            # difflib is slow on many names: a hint for the first few mistakes only, any case
+            folded = {n.casefold(): n for n in sorted({*known, *extra})} if len(out) < 5 else {}
+            hint = meaning(folded.get(closest(name.casefold(), folded))) if folded else ""
             out.append(
                 f"{key}: no rule is named {shortened(name)}{hint or '.'} "
                 f"It switches nothing {does}."

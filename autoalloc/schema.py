@@ -164,7 +164,7 @@ class Document:
     rules: tuple[Mapping[str, Any], ...]
     wrappers: tuple[Mapping[str, Any], ...]
     problems: tuple[Problem, ...]
-    # a rule or set still refers to a lower layer's set ('@name'): ``expand`` at compose
+    # a rule or set still refers to a lower layer's set ('@name'): ``modulesets.link``
     pending: bool = False
 
 
@@ -358,11 +358,9 @@ class Sets:
     ``tts``), is a lower layer's: it is kept as written, pending, for ``modulesets.link``.
     """
 
-    def __init__(
-        self, raw: Mapping[str, tuple[str, ...]], broken: Mapping[str, str] | None = None
-    ) -> None:
+    def __init__(self, raw: Mapping[str, tuple[str, ...]], broken: dict[str, str]) -> None:
         self.raw = raw
-        self.broken = dict(broken or {})
+        self.broken = broken
         self._done: dict[str, tuple[str, ...]] = {}
         self._open: list[str] = []
 
@@ -400,7 +398,7 @@ def _module_sets(value: object, problems: list[Problem]) -> Sets:
     if not isinstance(value, dict) or len(value) > MAX_LIST:
         text = f"{TABLE} must be a table of lists of module names ([{TABLE}])"
         problems.append(Problem(text, "No module set is read."))
-        return Sets({})
+        return Sets({}, {})
     raw: dict[str, tuple[str, ...]] = {}
     broken: dict[str, str] = {}
     for name, entries in value.items():

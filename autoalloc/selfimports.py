@@ -39,8 +39,7 @@ SELF_IMPORTS = frozenset(
 
 def never_triggers(imports: Iterable[str]) -> list[str]:
     """The names of a rule's ``imports`` that can never fire it (autoalloc imports them)."""
-    own = ("autoalloc", "autoalloc.")
-    return [n for n in imports if n in SELF_IMPORTS or n == own[0] or n.startswith(own[1])]
+    return [n for n in imports if n in SELF_IMPORTS or n.partition(".")[0] == "autoalloc"]
 
 
 def messages(rule: Any) -> list[str]:
