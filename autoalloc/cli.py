@@ -203,7 +203,7 @@ def _init_pyproject(directory: str) -> int:
     except sources.LayerError as exc:
         return _refuse(f"{path}: {str(exc).rstrip('.')}; not changed")
     # the table, or the commented section an earlier init appended: not a string naming it
-    if table is not None or b"\n# [tool.autoalloc]\n" in data:
+    if table is not None or b"\n# [tool.autoalloc" in data:
         return _refuse(f"{path} has a [tool.autoalloc] section already; not changed")
     governing = _project_policy_here()
     text = pyproject_section(hides=governing)
