@@ -202,7 +202,8 @@ def _init_pyproject(directory: str) -> int:
         return _refuse(f"no {path}: `autoalloc init` writes ./autoalloc.toml instead")
     except sources.LayerError as exc:
         return _refuse(f"{path}: {str(exc).rstrip('.')}; not changed")
-    if table is not None or b"[tool.autoalloc" in data:
+    # the table, or the commented section an earlier init appended: not a string naming it
+    if table is not None or b"\n# [tool.autoalloc" in data:
         return _refuse(f"{path} has a [tool.autoalloc] section already; not changed")
     governing = _project_policy_here()
     text = pyproject_section(hides=governing)

@@ -19,12 +19,12 @@ from autoalloc import entrypoint, scan, selfimports, torchinfo, wrappers
 from autoalloc.decide import layer_warnings
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match, pending_triggers, watches_training
+from autoalloc.modulesets import MODULE_LISTS
 from autoalloc.plan import Plan, library_names, plan, shown
 from autoalloc.policy import LayerConfig, Policy, Rule, Source, compose
 from autoalloc.records import replace
 
-_RULE_LISTS = ("scripts", "modules", "commands", "imports", "argv")
-_RULE_LISTS += ("also_imports", "not_imports", "not_imports_unless")
+_RULE_LISTS = ("scripts", "modules", "commands", "argv", *MODULE_LISTS)
 
 
 def interpreter_argv(command: Sequence[str]) -> list[str]:
@@ -319,8 +319,12 @@ def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> li
             continue
         if any(item["rule"] == rule.name for item in out):
             continue  # one line per rule name (a rule given in parts)
-        trigger = rule.imports[0] if rule.imports else None
-        imported = [name for name in (trigger, *rule.also_imports[:1]) if name]
+        # a module autoalloc imports itself can never decide an import rule: not named
+        lists = {key: [name for name in getattr(rule, key)
+                       if rule.training or not selfimports.never_triggers([name])]
+                 for key in MODULE_LISTS}
+        trigger = lists["imports"][0] if lists["imports"] else None
+        imported = [v[0] for k, v in lists.items() if v and MODULE_LISTS[k].counts]
         if result.trains or not rule.training:
             if trigger is None:
                 continue
@@ -335,10 +339,7 @@ def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> li
             {
                 "rule": rule.name,
                 "trains": rule.training,
-                "imports": list(rule.imports),
-                "also_imports": list(rule.also_imports),
-                "not_imports": list(rule.not_imports),
-                "not_imports_unless": list(rule.not_imports_unless),
+                **lists,
                 "value": after.decision.value,
                 "check": shlex.join(["autoalloc", "explain", *flags, "--", *command]),
             }
@@ -450,12 +451,8 @@ def _render_late(late: Sequence[Mapping[str, Any]]) -> list[str]:
     for item in late:
         need = "trains after importing" if item["trains"] else "imports"
         lines.append(f"  {item['rule']}: {need} one of {_names(item['imports'])}")
-        if item["also_imports"]:
-            lines.append(f"    with one of {_names(item['also_imports'])}")
-        if item["not_imports"]:
-            lines.append(f"    and none of {_names(item['not_imports'])}")
-        if item["not_imports_unless"]:
-            lines.append(f"    unless also one of {_names(item['not_imports_unless'])}")
+        lines += [f"    {kind.shown} {_names(item[key])}"
+                  for key, kind in MODULE_LISTS.items() if kind.requires and item[key]]
         if item["value"] != first["value"]:
             lines.append(f"    gets {item['value']!r}")
     widest = max(late, key=lambda item: len(item["imports"]))  # the most general rule

@@ -1,12 +1,13 @@
-"""Module sets: ``"@name"`` in a rule's lists of module names, expanded to the set's names.
+"""A rule's lists of module names, declared once, and ``"@name"`` in them expanded.
 
-A policy file names lists of modules once, in ``[module_sets]``; a rule's ``imports``,
-``also_imports``, ``not_imports`` and ``not_imports_unless`` refer to them as ``"@name"``.
-``schema`` expands the references to a file's own sets when it validates the file; what
-refers to a lower layer's set stays as written (the layer is ``pending``) until ``link``
-expands it against the sets of the layers below, when the layers are read. The rules that
-match thus hold plain module names only, and a layer that refers to no lower set (the
-built-in one, most files) costs nothing here.
+``MODULE_LISTS`` declares the lists a rule's import condition reads: ``schema`` checks them,
+``explain`` and ``selfimports`` say what each does, ``match`` holds what they mean. A policy
+file names lists of modules once, in ``[module_sets]``; a rule's lists refer to them as
+``"@name"``. ``schema`` expands the references to a file's own sets when it validates the
+file; what refers to a lower layer's set stays as written (the layer is ``pending``) until
+``link`` expands it against the sets of the layers below, when the layers are read. The
+rules that match thus hold plain module names only, and a layer that refers to no lower set
+(the built-in one, most files) costs nothing here.
 
 Pure: tuples and mappings in, tuples out; the layers ``link`` takes are the ``LayerConfig``
 records of ``policy``, changed with ``records.replace`` only (this module sits below
@@ -19,10 +20,27 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from autoalloc.problems import PolicyError, Problem
-from autoalloc.records import replace
+from autoalloc.records import record, replace
 
+
+@record(frozen=True)
+class ModuleList:
+    """What one of a rule's lists of module names does in its import condition."""
+
+    requires: str | None  # the list it qualifies, which must be given with it
+    does: str  # what an import of one of its modules does to the rule
+    shown: str  # explain's words before its names
+    counts: bool  # an import of one of its modules counts for the rule (watched, shown as why)
+
+
+MODULE_LISTS: Mapping[str, ModuleList] = {
+    "imports": ModuleList(None, "trigger it", "one of", True),
+    "also_imports": ModuleList("imports", "complete its imports trigger", "with one of", True),
+    "not_imports": ModuleList("imports", "keep it from applying", "and none of", False),
+    "not_imports_unless": ModuleList(
+        "not_imports", "outweigh its not_imports", "unless also one of", False),
+}
 REF = "@"  # '@name' in a list of module names stands for the names of the module set 'name'
-REF_KEYS = ("imports", "also_imports", "not_imports", "not_imports_unless")  # where it may
 TABLE = "module_sets"
 
 Sets = Mapping[str, tuple[str, ...]]
@@ -59,6 +77,21 @@ def lower_set(name: str, below: Sets) -> tuple[str, ...]:
     raise PolicyError(
         f"no module set is named {shortened(REF + name)} in this file or a lower layer{hint}"
     )
+
+
+def expand_lists(
+    lists: Mapping[str, tuple[str, ...]], names: Callable[[str], tuple[str, ...]], where: str
+) -> dict[str, tuple[str, ...]]:
+    """The module lists of one rule (those of ``lists``, a rule's keys to their values) with
+    each ``@name`` expanded by ``names``; raises PolicyError naming the rule and the key."""
+    out = {}
+    for key in MODULE_LISTS:
+        try:
+            if key in lists:
+                out[key] = expand(lists[key], names)
+        except PolicyError as exc:
+            raise PolicyError(f"{where}: {key}: {exc}") from None
+    return out
 
 
 def link(configs: Sequence[Any]) -> list[tuple[Any, tuple[Problem, ...]]]:
@@ -103,17 +136,11 @@ def _linked_rules(config: Any, below: Sets, problems: list[Problem]) -> tuple[An
     to a set none there defines is left out."""
     rules = []
     for rule in config.rules:
+        lists = {key: getattr(rule, key) for key in MODULE_LISTS}
         try:
-            lists = {key: _linked_list(rule, key, below) for key in REF_KEYS}
+            lists = expand_lists(lists, lambda ref: lower_set(ref, below), f'rule "{rule.name}"')
         except PolicyError as exc:
             problems.append(Problem(str(exc), f'Rule "{rule.name}" is ignored.'))
             continue
         rules.append(replace(rule, **lists))
     return tuple(rules)
-
-
-def _linked_list(rule: Any, key: str, below: Sets) -> tuple[str, ...]:
-    try:
-        return expand(getattr(rule, key), lambda ref: lower_set(ref, below))
-    except PolicyError as exc:
-        raise PolicyError(f'rule "{rule.name}": {key}: {exc}') from None

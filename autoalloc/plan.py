@@ -233,8 +233,10 @@ def library_names(rules: Iterable[Rule]) -> frozenset[str]:
 def shown(rule: Rule, found: scan.Scan) -> str:
     """``imports soundfile at own.py:1; uses torch.nn.CTCLoss at own.py:9; builds
     torch.optim.AdamW at own.py:20``: what made a training rule take the program."""
+    from autoalloc.modulesets import MODULE_LISTS
+
     imported, said = found.imported(), []
-    for names in (rule.imports, rule.also_imports):
+    for names in (getattr(rule, key) for key, kind in MODULE_LISTS.items() if kind.counts):
         hit = next((n for n in names if n in imported), None)
         if hit is not None and hit not in said:
             said.append(hit)

@@ -133,21 +133,12 @@ def _layer(
     from autoalloc import schema  # only where a file is parsed: cached layers skip it
 
     document = schema.walk(data, source.layer, allow_trust)
-    settings = document.settings
     config = LayerConfig(
         source=source,
-        enabled=settings.get("enabled"),
-        on_conflict=settings.get("on_conflict"),
-        on_setter=settings.get("on_setter"),
-        adaptive=settings.get("adaptive"),
-        allocator=settings.get("allocator", {}),
         rules=tuple(_rule(checked, source) for checked in document.rules),
-        disable=settings.get("disable", ()),
-        enable=settings.get("enable", ()),
-        trusted_dirs=settings.get("trusted_dirs", ()),
         wrappers=tuple(Wrapper(layer=source.layer, **w) for w in document.wrappers),
-        module_sets=settings.get("module_sets", {}),
         pending=document.pending,
+        **document.settings,  # each top-level setting of schema.TOP is a field of the same name
     )
     return config, document.problems
 
@@ -295,7 +286,7 @@ def unknown_switches(
     """A sentence for each name in ``config``'s ``disable`` or ``enable`` that names no rule
     of any layer (``known``; ``more()``: other names, e.g. the built-in wrappers, asked
     only when a name is not in ``known``), with the closest name that does."""
-    from autoalloc.messages import did_you_mean, shortened
+    from autoalloc.messages import closest, meaning, shortened
 
     out = []
     extra: Collection[str] | None = None
@@ -307,8 +298,9 @@ def unknown_switches(
             extra = more() if extra is None else extra
             if name in extra:
                 continue
-            # difflib is slow on many names: a hint for the first few mistakes only
-            hint = did_you_mean(name, sorted({*known, *extra})) if len(out) < 5 else ""
+            # difflib is slow on many names: a hint for the first few mistakes only, any case
+            folded = {n.casefold(): n for n in sorted({*known, *extra})} if len(out) < 5 else {}
+            hint = meaning(folded.get(closest(name.casefold(), folded))) if folded else ""
             out.append(
                 f"{key}: no rule is named {shortened(name)}{hint or '.'} "
                 f"It switches nothing {does}."

@@ -16,14 +16,14 @@ Pure: plain TOML data in, plain checked data out. ``policy`` builds its records 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import field
 from typing import Any, Literal
 
 from autoalloc import allocconf
 from autoalloc.allocconf import DEFAULT_ALLOCATOR
 from autoalloc.messages import closest, did_you_mean, meaning, shortened
-from autoalloc.modulesets import REF, REF_KEYS, TABLE, expand, has_ref, lower_set
+from autoalloc.modulesets import MODULE_LISTS, REF, TABLE, expand, expand_lists, has_ref
 from autoalloc.problems import PolicyError, Problem
 from autoalloc.records import record
 
@@ -69,16 +69,13 @@ RULE = Item(
     noun="rule",
     fields={
         "name": _TEXT, "description": _TEXT, "scripts": _STRINGS, "modules": _STRINGS,
-        "commands": _STRINGS, "imports": _STRINGS, "argv": _STRINGS,
+        "commands": _STRINGS, "argv": _STRINGS, **dict.fromkeys(MODULE_LISTS, _STRINGS),
         "action": Field("choice", ACTIONS), "allocator": Field("allocator"), "enabled": _BOOL,
         "outside": Field("paths"), "training": _BOOL,
-        "also_imports": _STRINGS, "not_imports": _STRINGS, "not_imports_unless": _STRINGS,
     },
     needs=("scripts", "modules", "commands", "imports", "training"),
     name_required=False,
-    requires={
-        "also_imports": "imports", "not_imports": "imports", "not_imports_unless": "not_imports",
-    },
+    requires={key: kind.requires for key, kind in MODULE_LISTS.items() if kind.requires},
 )
 
 WRAPPER_LISTS = (
@@ -167,15 +164,12 @@ class Document:
     rules: tuple[Mapping[str, Any], ...]
     wrappers: tuple[Mapping[str, Any], ...]
     problems: tuple[Problem, ...]
-    # a rule or set still refers to a lower layer's set ('@name'): ``expand`` at compose
+    # a rule or set still refers to a lower layer's set ('@name'): ``modulesets.link``
     pending: bool = False
 
 
-def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> Document:
-    """Check a parsed policy document; ``strict``: raise the first problem as PolicyError.
-
-    Raises PolicyError in both modes when the document is not a table at all.
-    """
+def walk(data: object, layer: str, allow_trust: bool) -> Document:
+    """Check a parsed policy document; raises PolicyError only when it is not a table."""
     if not isinstance(data, dict):
         raise PolicyError("the policy must be a table")
     fields = TOP if allow_trust else {k: v for k, v in TOP.items() if k != "trusted_dirs"}
@@ -193,10 +187,8 @@ def walk(data: object, layer: str, allow_trust: bool, strict: bool = False) -> D
             _check_into(settings, key, fields[key], value, "", problems, _setting_cost(key))
     if sets.raw:
         settings[TABLE] = sets.expanded()
-    if strict and problems:
-        raise PolicyError(problems[0].text)
     pending = any(has_ref(v) for v in settings.get(TABLE, {}).values()) or any(
-        has_ref(rule.get(key, ())) for rule in items["rules"] for key in REF_KEYS
+        has_ref(rule.get(key, ())) for rule in items["rules"] for key in MODULE_LISTS
     )
     return Document(settings, items["rules"], items["wrappers"], tuple(problems), pending)
 
@@ -212,7 +204,7 @@ def _known_first(
     """The known keys of ``data`` (file order); a problem for each unknown key, first."""
     for key in data:
         if key not in fields:
-            hint = _hint(key, fields, problems)
+            hint = did_you_mean(key, fields) if len(problems) < HINTED else ""
             if key == "trusted_dirs":
                 hint = " (only user, site and AUTOALLOC_CONFIG files may trust directories)"
             problems.append(Problem(f"{_at(where)}unknown key {shortened(key)}{hint}", cost(key)))
@@ -223,11 +215,6 @@ def _known_first(
 # slow for many keys) is looked for in a layer's first problems only, so that a file of
 # thousands of mistyped keys still loads at once.
 HINTED = 20
-
-
-def _hint(word: object, choices: Iterable[str], problems: Sequence[Problem]) -> str:
-    """``did_you_mean`` while ``problems`` (one layer's so far) are few; else ``""``."""
-    return did_you_mean(word, choices) if len(problems) < HINTED else ""
 
 
 def _at(where: str) -> str:
@@ -267,7 +254,8 @@ def check(key: str, field: Field, value: object, where: str = "") -> Any:
     if kind == "choice":
         if value not in field.choices:
             hint = did_you_mean(value, field.choices)
-            raise PolicyError(f"{name} must be {_either(field.choices)}, not {_shown(value)}{hint}")
+            shown = shortened(value, 40)  # short, whatever its size
+            raise PolicyError(f"{name} must be {_either(field.choices)}, not {shown}{hint}")
         return value
     if kind == "allocator":
         return allocator(value, f"{_at(where)}allocator")
@@ -275,6 +263,8 @@ def check(key: str, field: Field, value: object, where: str = "") -> Any:
         if not isinstance(value, list) or len(value) > MAX_LIST:
             raise PolicyError(f"{name} must be an array of tables ([[{key}]])")
         return value
+    if kind == "strings" and isinstance(value, bool) and key == "enable":
+        raise PolicyError(f"{name} must be a list of rule names{meaning('enabled')}")
     strings = _strings(value, name)
     if kind == "paths":
         for path in strings:
@@ -288,11 +278,6 @@ def check(key: str, field: Field, value: object, where: str = "") -> Any:
 def _either(choices: Sequence[str]) -> str:
     quoted = [repr(c) for c in choices]
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
-def _shown(value: object) -> str:
-    """A wrong value as a message quotes it: short, whatever its size."""
-    return shortened(value, 40)
 
 
 def _strings(value: object, name: str) -> tuple[str, ...]:
@@ -332,7 +317,7 @@ def _kept_options(options: dict, where: str, problems: list[Problem]) -> dict[st
     for key, value in options.items():
         known = key in allocconf.KEYS
         # one closest() per unknown key (hint and default both), and only for the first ones
-        meant = key if known else _meant(key, problems)
+        meant = key if known else closest(key, allocconf.KEYS) if len(problems) < HINTED else None
         try:
             if not known:  # checked first: no table is built for each of many mistyped keys
                 raise PolicyError(_unknown_option(key, where, meant))
@@ -342,11 +327,6 @@ def _kept_options(options: dict, where: str, problems: list[Problem]) -> dict[st
             why = _default_instead(key, meant, options)
             problems.append(Problem(str(exc), f"The option {shortened(key)} is ignored{why}."))
     return allocator(kept, where)
-
-
-def _meant(key: str, problems: Sequence[Problem]) -> str | None:
-    """The allocator option a mistyped ``key`` likely means, while ``problems`` are few."""
-    return closest(key, allocconf.KEYS) if len(problems) < HINTED else None
 
 
 def _unknown_option(key: str, where: str, meant: str | None) -> str:
@@ -375,30 +355,23 @@ class Sets:
     ``raw``: the valid definitions as written; ``broken``: a set whose definition was left
     out, with the reason a reference to it gives. A reference to a set the layer does not
     define, or to the set being defined (``tts = ["@tts", "mylib"]`` extends a lower layer's
-    ``tts``), is a lower layer's: ``below`` resolves it, and without ``below`` it is kept as
-    written, pending, for ``expand`` at compose time.
+    ``tts``), is a lower layer's: it is kept as written, pending, for ``modulesets.link``.
     """
 
-    def __init__(
-        self, raw: Mapping[str, tuple[str, ...]], broken: Mapping[str, str] | None = None,
-        below: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> None:
+    def __init__(self, raw: Mapping[str, tuple[str, ...]], broken: dict[str, str]) -> None:
         self.raw = raw
-        self.broken = dict(broken or {})
-        self.below = below
+        self.broken = broken
         self._done: dict[str, tuple[str, ...]] = {}
         self._open: list[str] = []
 
     def names(self, name: str, within: str | None = None) -> tuple[str, ...]:
         """What ``@name`` stands for, written in the set ``within`` (None: in a rule);
-        raises PolicyError for a cycle, a broken set, or (with ``below``) an unknown set."""
+        raises PolicyError for a cycle or a broken set."""
         if name in self.broken and name != within:
             raise PolicyError(self.broken[name])
         if name in self.raw and name != within:
             return self._own(name)
-        if self.below is None:
-            return (REF + name,)
-        return lower_set(name, self.below)
+        return (REF + name,)
 
     def _own(self, name: str) -> tuple[str, ...]:
         if name in self._done:
@@ -425,7 +398,7 @@ def _module_sets(value: object, problems: list[Problem]) -> Sets:
     if not isinstance(value, dict) or len(value) > MAX_LIST:
         text = f"{TABLE} must be a table of lists of module names ([{TABLE}])"
         problems.append(Problem(text, "No module set is read."))
-        return Sets({})
+        return Sets({}, {})
     raw: dict[str, tuple[str, ...]] = {}
     broken: dict[str, str] = {}
     for name, entries in value.items():
@@ -455,18 +428,6 @@ def _module_sets(value: object, problems: list[Problem]) -> Sets:
 
 def _left_out(name: str) -> str:
     return f"the module set {shortened(REF + name)} is left out (a mistake in its definition)"
-
-
-def expand_refs(out: dict[str, Any], where: str, sets: Sets) -> None:
-    """The lists of a checked rule with the references to this layer's sets expanded;
-    raises PolicyError naming the key."""
-    for key in REF_KEYS:
-        if key in out:
-            try:
-                out[key] = expand(out[key], sets.names)
-            except PolicyError as exc:
-                raise PolicyError(f"{where}: {key}: {exc}") from None
-
 
 
 def _items(
@@ -520,7 +481,7 @@ def _item(
         _check_into(out, key, item.fields[key], value, where, mine, cost)
     if sets is not None:
         try:
-            expand_refs(out, where, sets)
+            out.update(expand_lists(out, sets.names, where))
         except PolicyError as exc:
             mine.append(Problem(str(exc), cost))
     if not any(out.get(k) for k in item.needs):

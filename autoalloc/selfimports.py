@@ -1,5 +1,5 @@
-"""The modules autoalloc itself imports to decide at ``import torch``: no rule's import list
-(``imports``, ``also_imports``, ``not_imports``, ``not_imports_unless``) can name one.
+"""The modules autoalloc itself imports to decide at ``import torch``: none of a rule's lists
+of module names (``modulesets.MODULE_LISTS``) can name one.
 
 An ``imports`` rule fires when the program really imports the module (its code executes).
 A module autoalloc's own decision already imported (to read TOML, find config directories,
@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+from autoalloc.modulesets import MODULE_LISTS
 
 SELF_IMPORTS = frozenset(
     """
@@ -37,34 +39,16 @@ SELF_IMPORTS = frozenset(
 
 def never_triggers(imports: Iterable[str]) -> list[str]:
     """The names of a rule's ``imports`` that can never fire it (autoalloc imports them)."""
-    own = ("autoalloc", "autoalloc.")
-    return [n for n in imports if n in SELF_IMPORTS or n == own[0] or n.startswith(own[1])]
-
-
-# what each import list of a rule does, which a module autoalloc imports can never do
-EFFECTS = {
-    "imports": "trigger it",
-    "also_imports": "complete its imports trigger",
-    "not_imports": "keep it from applying",
-    "not_imports_unless": "outweigh its not_imports",
-}
+    return [n for n in imports if n in SELF_IMPORTS or n.partition(".")[0] == "autoalloc"]
 
 
 def messages(rule: Any) -> list[str]:
-    """What ``check`` and ``explain`` say about each import list of ``rule`` (a policy Rule)
-    that names such modules."""
+    """What ``check`` and ``explain`` say about each list of module names of ``rule`` (a
+    policy Rule) that names such modules."""
     return [
-        message(rule.name, names, key)
-        for key in EFFECTS
+        f"rule {rule.name}: {key} {', '.join(repr(n) for n in names)} can never {kind.does}: "
+        "autoalloc itself imports that module to decide, before the program does; name a "
+        "module of the program (a toolkit's or your own) instead"
+        for key, kind in MODULE_LISTS.items()
         if (names := never_triggers(getattr(rule, key)))
     ]
-
-
-def message(rule: str, names: Iterable[str], key: str = "imports") -> str:
-    """What ``check`` and ``explain`` say about such names in a rule's ``key`` list."""
-    shown = ", ".join(repr(n) for n in names)
-    return (
-        f"rule {rule}: {key} {shown} can never {EFFECTS[key]}: autoalloc itself imports "
-        "that module to decide, before the program does; name a module of the program "
-        "(a toolkit's or your own) instead"
-    )

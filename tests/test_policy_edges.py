@@ -151,6 +151,21 @@ def test_a_disable_naming_a_builtin_rule_or_wrapper_is_no_mistake(tmp_path: Path
     assert wrapper not in project.message
 
 
+
+def test_a_rule_name_mistyped_only_in_case_gets_a_did_you_mean(tmp_path: Path) -> None:
+    (tmp_path / "autoalloc.toml").write_text('disable = ["NeMo-ASR-Train"]\n')
+    layers = sources.read_layers(EntryPoint("unknown"), {}, str(tmp_path))
+    project = next(layer for layer in layers if layer.layer == "project")
+    assert "'NeMo-ASR-Train' \N{EM DASH} did you mean 'nemo-asr-train'?" in project.message
+
+
+def test_enable_given_a_boolean_means_enabled(tmp_path: Path) -> None:
+    (tmp_path / "autoalloc.toml").write_text("enable = false\n")
+    layers = sources.read_layers(EntryPoint("unknown"), {}, str(tmp_path))
+    project = next(layer for layer in layers if layer.layer == "project")
+    assert "enable must be a list of rule names \N{EM DASH} did you mean 'enabled'?" in (
+        project.message)
+
 # ---------------------------------------------------------------- a pyproject.toml not inspected
 
 
@@ -253,6 +268,11 @@ def test_init_into_pyproject_appends_a_commented_section(sandbox: Sandbox) -> No
     assert "changes nothing until you uncomment [tool.autoalloc]" in text
     again = autoalloc_cmd(sandbox, "init", "--into-pyproject")
     assert again.returncode == 1 and path.read_text() == text
+    # Only a table of that name, or the commented section, counts: not a string naming it.
+    path.write_text('[project]\nname = "x"\ndescription = "see [tool.autoalloc] below"\n')
+    named = autoalloc_cmd(sandbox, "init", "--into-pyproject")
+    assert named.returncode == 0, named.stderr
+    assert "# [tool.autoalloc]" in path.read_text()
     # Uncommented, the section is a valid [tool.autoalloc] table in the right places.
     lines = text.splitlines()
     keys = ("# [", "# name", "# scripts", "# action")

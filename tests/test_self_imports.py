@@ -47,6 +47,14 @@ def test_check_and_explain_name_the_rule(sandbox: Sandbox) -> None:
     assert "warning:      rule by-json: imports 'json' can never trigger it" in explain.stdout
     watching = [x for x in explain.stdout.splitlines() if x.startswith("watching:")]
     assert watching and "json" not in watching[0]  # what can never fire is not watched
+    # ... nor named on the decision line: the rule waits for the program's module only,
+    assert "\n  by-json: imports one of mytoolkit.asr\n" in explain.stdout
+    # and a rule that only such modules can trigger is not a late decision at all.
+    sandbox.write("autoalloc.toml", POLICY.replace(', "mytoolkit.asr"', ""))
+    explain = sandbox.run(["-m", "autoalloc", "explain", "--", "python", "train.py"])
+    decision = explain.stdout.split("\nwatching:")[0].split("\nwarning:")[0]
+    assert "rule by-json: imports 'json' can never trigger it" in explain.stdout
+    assert "by-json" not in decision, decision
 
 
 def test_never_triggers() -> None:
