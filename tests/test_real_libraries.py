@@ -110,6 +110,7 @@ PROBE_SITECUSTOMIZE = textwrap.dedent(
     _ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
     _steps = [0]
     _optimizers = set()
+    _at_import = {}  # the allocator variables while torch imports (torch.optim.optimizer runs)
 
 
     def _on_step(optimizer, args, kwargs):
@@ -130,6 +131,7 @@ PROBE_SITECUSTOMIZE = textwrap.dedent(
             real_exec = spec.loader.exec_module
 
             def exec_module(module):
+                _at_import.update({k: _os.environ.get(k) for k in _ALLOC_VARS})
                 real_exec(module)
                 module.register_optimizer_step_post_hook(_on_step)
 
@@ -146,6 +148,7 @@ PROBE_SITECUSTOMIZE = textwrap.dedent(
             "applied": _os.environ.get("AUTOALLOC_APPLIED"),
             "steps": _steps[0],
             "optimizers": sorted(_optimizers),
+            "env_at_import": _at_import,
         }
         torch = _sys.modules.get("torch")
         if torch is not None:
@@ -474,13 +477,17 @@ def test_real_library(case: dict, tmp_path: Path) -> None:
     except AssertionError as e:
         raise AssertionError(f"{e}\nprobe: {json.dumps(probe)}\n--- stderr (the decision)\n"
                              f"{result.stderr[-12000:]}") from None
-    check_prediction(case, python, work, env)
+    check_prediction(case, python, work, env, probe)
 
 
-def check_prediction(case: dict, python: str, work: Path, env: dict[str, str]) -> None:
+def check_prediction(
+    case: dict, python: str, work: Path, env: dict[str, str], probe: dict
+) -> None:
     """``autoalloc explain``'s prediction, read from the program's source, against what the
     run did: never "apply" for a run left untouched, never "stays off" for one that applied
-    ("depends" names what only the run can tell). Each outcome is printed for the record."""
+    ("depends" names what only the run can tell); and when: "before torch starts" only where
+    the environment held the option while torch imported, "at its first optimizer" only
+    where it did not. Each outcome is printed for the record."""
     explain_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "AUTOALLOC_DEBUG")}
     argv = [python, "-m", "autoalloc", "explain", "--json", "--", *command(case["argv"], python)]
     result = subprocess.run(argv, cwd=work, env=explain_env, capture_output=True, text=True,
@@ -493,3 +500,8 @@ def check_prediction(case: dict, python: str, work: Path, env: dict[str, str]) -
         assert outcome != "off", prediction
     else:
         assert outcome != "apply", prediction
+    at_import = "expandable_segments" in str(probe.get("env_at_import", {}).values())
+    if prediction.get("when") == "before torch starts":
+        assert at_import, (prediction, probe)
+    elif prediction.get("when") == "at its first optimizer":
+        assert not at_import, (prediction, probe)
