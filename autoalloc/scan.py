@@ -189,7 +189,8 @@ class _Budget:
         try:
             size = os.path.getsize(path)
             if self.files <= 0 or size > min(MAX_BYTES, self.bytes):
-                why = "larger than 1 MiB" if size > MAX_BYTES else "over the budget of files"
+                why = ("larger than 1 MiB" if size > MAX_BYTES else
+                       "over the budget of files" if self.files <= 0 else "over the 2 MiB read")
                 self.unread.append(f"{path} ({why})")
                 return None
             with open(path, "rb") as f:

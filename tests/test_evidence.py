@@ -137,6 +137,27 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 """
 
 
+def test_uses_are_names_inside_loaded_real_modules(tmp_path: Path) -> None:
+    """What only the program's code shows (``torch.nn.CTCLoss``, ``evaluate.load:wer``) is a
+    name inside a loaded module that is no module itself; a lazy package's names are not (its
+    own loading tells), nor a module's names while the module is not loaded at all."""
+    lazy = type("_LazyModule", (types.ModuleType,), {})("transformers")
+    modules = {"torch": types.ModuleType("torch"), "torch.nn": types.ModuleType("torch.nn"),
+               "evaluate": types.ModuleType("evaluate"), "transformers": lazy}
+    names = {"torch.nn.CTCLoss", "torch.nn", "evaluate.load:wer", "jiwer",
+             "transformers.models", "torchmetrics.text.WordErrorRate"}
+    assert evidence.attributes(names, modules) == {"torch.nn.CTCLoss", "evaluate.load:wer"}
+    (tmp_path / "tgt.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    own = {name: types.ModuleType(name) for name in ("tgt", "pkg", "df")}
+    own["tgt"].__file__ = str(tmp_path / "tgt.py")
+    own["pkg"].__file__ = str(tmp_path / "pkg" / "__init__.py")
+    own["df"].__file__ = "/venv/lib/python3.11/site-packages/df/__init__.py"  # the library
+    entry = types.SimpleNamespace(path=str(tmp_path / "train.py"))
+    assert evidence.own_named({"tgt", "pkg.x", "df", "soundfile"}, own, entry) == {"tgt", "pkg.x"}
+
+
 def _library(sandbox: Sandbox, body: str) -> dict[str, str]:
     """A library ``textstack`` whose import runs ``body``, beside a stand-in ``jiwer``."""
     site = sandbox.work / "lib" / "site-packages"
