@@ -49,12 +49,16 @@ def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=1)
 def installed_dirs() -> tuple[str, ...]:
     """This interpreter's library directories: its standard library and site-packages (the
-    one function here that reads the interpreter's configuration)."""
+    one function here that reads the interpreter's configuration). As ``sysconfig`` names
+    them, without it: the decision at ``import torch`` asks, and sysconfig costs 10 M
+    instructions there."""
     import site
-    import sysconfig
+    import sys
 
-    keys = ("stdlib", "platstdlib", "purelib", "platlib")
-    paths = [sysconfig.get_paths().get(k, "") for k in keys]
+    version = "python{}.{}".format(*sys.version_info[:2])
+    paths = [os.path.dirname(os.__file__)]  # the standard library, where os lies
+    paths += [os.path.join(p, "Lib") if os.name == "nt" else os.path.join(p, "lib", version)
+              for p in (sys.prefix, sys.exec_prefix)]  # platstdlib, a venv's own lib too
     paths += getattr(site, "getsitepackages", list)()
     paths.append(getattr(site, "getusersitepackages", str)())
     return library_dirs(paths)
