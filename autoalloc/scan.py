@@ -58,8 +58,9 @@ TRAINERS = frozenset({"Trainer", "Seq2SeqTrainer", "SFTTrainer"})  # HF, TRL: bu
 # .fit() trains with these (coqui-tts's Trainer is the `trainer` package)
 FIT_LIBRARIES = ("lightning", "pytorch_lightning", "speechbrain", "nemo", "trainer", "TTS")
 _IMPORTERS = ("importlib.import_module", "__import__")
-_CONFIG_RE = re.compile(r"(?:!(?:new|name|apply|module):|_target_:\s*['\"]?)([A-Za-z_][\w.]*)")
-_YAML_RE = re.compile(r"[\w./-]+\.ya?ml\Z")
+# compiled on first use (re keeps them): most processes read no YAML
+_CONFIG_RE = r"(?:!(?:new|name|apply|module):|_target_:\s*['\"]?)([A-Za-z_][\w.]*)"
+_YAML_RE = r"[\w./-]+\.ya?ml\Z"
 
 
 @record(frozen=True)
@@ -169,10 +170,10 @@ def _yaml_files(args: Sequence[str], cwd: str, strings: Iterable[tuple[str, str]
     found = []
     for arg in args:
         value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
-        if _YAML_RE.search(value):
+        if re.search(_YAML_RE, value):
             found.append(os.path.join(cwd, value))
     for text, base in strings:
-        if _YAML_RE.search(text):
+        if re.search(_YAML_RE, text):
             found += [os.path.join(base, text), os.path.join(cwd, text)]
     return [p for p in dict.fromkeys(found) if os.path.isfile(p)]
 
@@ -359,7 +360,7 @@ class _Reader(_Budget):
         self.configs.append(path)
         where = os.path.basename(path)
         for number, text in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
-            for match in _CONFIG_RE.finditer(text):
+            for match in re.finditer(_CONFIG_RE, text):
                 name = match.group(1)
                 self._add(name, f"{where}:{number}")
                 module, _, qualname = name.rpartition(".")
