@@ -9,8 +9,8 @@ long are shown in plain ```` ```bash ```` blocks. Every ``autoalloc`` command li
 anywhere (a line of a ``bash``/``sh``/``console`` block, a ``$ `` line of any block, or an
 inline code span starting with ``autoalloc ``) must at least parse with the CLI's own
 argparse parsers, every ```` ```toml ```` block must be a policy with no mistake in it, and
-every relative link must point at a file that exists. The pages are the README, ``docs/`` and
-the measurement records of ``benchmarks/results/``. The module map of docs/development.md
+every relative link must point at a file that exists. The pages are the README, ``docs/``,
+the measurement records of ``benchmarks/results/`` and ``tests/README.md``. The module map of docs/development.md
 names every module and data file of the package, and nothing else.
 """
 
@@ -32,7 +32,7 @@ from tests.helpers import REPO, clean_env
 
 PAGES = [
     REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
-    *sorted((REPO / "benchmarks" / "results").glob("*.md")),
+    *sorted((REPO / "benchmarks" / "results").glob("*.md")), REPO / "tests" / "README.md",
 ]
 FENCE = re.compile(r"^```(.*)$")
 SHELLS = ("bash", "sh", "shell", "console")

@@ -24,7 +24,7 @@ DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
     "evidence", "scan", "cachedir", "configdirs", "layerpaths",
 }
-APPLICATION = {"hook", "guards", "training", "adaptive"}
+APPLICATION = {"hook", "late", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}
 # The hook owns the report recorder (it installs it when AUTOALLOC_REPORT asks for a report).
 WIRED = {("hook", "ab.recorder")}
