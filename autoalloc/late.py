@@ -15,13 +15,17 @@ import os
 import sys
 from collections.abc import Callable, Iterable
 from types import FrameType
+from typing import TYPE_CHECKING
 
-from autoalloc import allocconf, evidence, messages
+from autoalloc import allocconf, messages
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import Decision
 from autoalloc.match import pending_triggers, training_names
 from autoalloc.plan import Plan, library_names
 from autoalloc.records import replace
+
+if TYPE_CHECKING:
+    from autoalloc.evidence import Own
 
 # The wheel's top-level copies of the start-up modules, wherever they lie: their frames are
 # told by their module name (the watcher's loader runs between an import and the hook).
@@ -144,8 +148,10 @@ class Late:
                                           frame.f_globals.get("__name__")):
             self.asked.setdefault(name, f"{frame.f_code.co_filename}:{frame.f_lineno}")
 
-    def own_code(self) -> evidence.Own:
+    def own_code(self) -> Own:
         """Which code is the program's (``evidence.Own``), for this process's entry point."""
+        from autoalloc import evidence  # only where the training rules or an importer ask
+
         entry = self.state.entry
         packages = frozenset()
         if entry is not None:
@@ -180,6 +186,8 @@ class Late:
         has imported, except that a name a training rule uses counts only with evidence that
         the program asked for it, holds it or its code uses it (``evidence``, ``scan``); a
         module of the program's own never counts as the library of its name."""
+        from autoalloc import evidence
+
         modules, state = sys.modules, self.state
         rules = state.policy.rules if state.policy is not None else ()
         names = training_names(rules)
