@@ -14,13 +14,19 @@ rule decided, when (at ``import torch``, at the first optimizer, at an import tr
 (the environment before torch started, or torch's runtime setter), at which optimizer step.
 
 At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes the
-report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one file
-each add their line, under a lock), into a directory (one file per process), or to stderr
-(``-``). What ``PATH`` names is never replaced: a symlink is written through to its target,
-a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a stream, and
-anything else is refused with one line on stderr.
-DataLoader workers and the torchrun launcher never step an optimizer and write nothing.
-A program that survives the signal and steps on gets a final report at exit as well, with
+report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one
+file each add their line, under a lock), into a directory (one file per process), or to
+stderr (``-``). A process its engine ends without a normal exit (``os._exit``: Ray's
+workers; SIGKILL) runs no exit code: so a regular file also gets an interim report
+(``ended_by: running``) when a decision is made after ``import torch``, at steps 1, 2, 4, 8,
+... and every ``REFRESH_S`` seconds of steps; it replaces the process's previous interim
+line while that still ends the file. The size is bounded: the first ``KEEP`` step ends in
+full, then a thinned sample of the later steps' times (``step_sample``), and the last
+``KEEP`` CUDA records. What ``PATH`` names is never replaced: a symlink is written through
+to its target, a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a
+stream (final reports only), and anything else is refused with one line on stderr.
+DataLoader workers and the torchrun launcher never step an optimizer and write nothing. A
+program that survives the signal and steps on gets a final report at exit as well, with
 every step: readers keep a process's last report.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
@@ -57,8 +63,10 @@ DEFAULT_WARMUP = 20
 SCHEMA = "autoalloc-report/1"
 STOP_GRACE_S = 60.0  # after a stop, a process that does not end by itself is ended
 PROGRESS_EVERY_S = 0.25
+REFRESH_S = 5.0  # the interim report's interval: what an abrupt end loses at most
+KEEP = 1024  # step ends kept in full, and at most as many sampled step times and CUDA records
 
-Ending = Literal["exit", "stop", "SIGTERM", "SIGINT"]
+Ending = Literal["exit", "stop", "SIGTERM", "SIGINT", "running"]
 
 
 def _int_env(name: str, default: int | None) -> int | None:
@@ -103,19 +111,23 @@ def _say(message: str) -> None:
         pass
 
 
-def emit(path: str | None, line: str) -> bool:
+def emit(path: str | None, line: str, span: list[int] | None = None, interim: bool = False) -> bool:
     """Write one report line to ``path`` (None: stderr) without replacing what ``path`` is.
 
     A regular file (or a symlink to one, or a new file) gets the line appended under an
     exclusive ``flock``, so processes sharing one file each keep their report; a FIFO or a
     character device gets it as a stream (a FIFO nobody reads is left alone); anything else
     is refused. Returns whether the line was written; a refusal costs one line on stderr.
+    ``span``: where the writer's previous interim line lies ([start, end]; [] for none),
+    replaced by this line while it still ends the file; it gets this line's. An ``interim``
+    line goes to a regular file only.
     """
     data = (line + "\n").encode("utf-8")
     if path is None:
-        sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-        return True
+        if not interim:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+        return not interim
     from autoalloc.messages import shortened
 
     parent = os.path.dirname(path)
@@ -132,7 +144,9 @@ def emit(path: str | None, line: str) -> bool:
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):
-            _locked_write(fd, data)
+            _locked_write(fd, data, [] if span is None else span)
+        elif interim:
+            return False
         elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
             os.set_blocking(fd, True)  # a reader is there: a report longer than its pipe waits
             _write_all(fd, data)
@@ -153,17 +167,20 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _locked_write(fd: int, data: bytes) -> None:
+def _locked_write(fd: int, data: bytes, span: list[int]) -> None:
+    """Append ``data``, or put it in place of the line at ``span`` if that still ends the file;
+    ``span`` gets where ``data`` lies. The lock goes with ``fd``'s close (``emit``)."""
     try:
         import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
     except ImportError:  # no flock here: O_APPEND alone keeps whole lines in practice
-        _write_all(fd, data)
-        return
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
-        _write_all(fd, data)
-    finally:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        pass
+    end = os.fstat(fd).st_size
+    if len(span) == 2 and span[1] == end:
+        os.ftruncate(fd, end := span[0])
+    _write_all(fd, data)
+    span[:] = [end, end + len(data)]
 
 
 def allocator_settings(torch: Any) -> dict[str, Any]:
@@ -255,7 +272,7 @@ class Recorder:
         self.warmup = warmup
         self.stop_total = None if stop_after is None else warmup + stop_after
         self.progress = os.environ.get(PROGRESS_VAR)
-        self.sampler = StepSampler(start=warmup)  # the CUDA counters per step (adaptive's too)
+        self.sampler = StepSampler(warmup, KEEP)  # the CUDA counters per step (adaptive's too)
         # the hook's decisions (``decided``); a forked child keeps them: it inherits their effect
         self.decisions: list[dict[str, Any]] = []
         self._reset()
@@ -267,7 +284,11 @@ class Recorder:
         self.started = time.time()
         self.t0 = time.perf_counter()
         self.steps = 0
-        self.ends: list[float] = []  # perf_counter at each step's end, relative to t0
+        self.ends: list[float] = []  # perf_counter at each step's end, relative to t0 (KEEP)
+        self.sample: list[float] = []  # later: the time of every `every`-th step (thinned)
+        self.every, self.last = 1, 0.0
+        self.span: list[int] = []  # where the last interim report lies in the file (emit)
+        self.refresh_at = 0.0
         self.sampler.reset()
         self.hook_s = 0.0
         self.sample_s = 0.0
@@ -286,15 +307,26 @@ class Recorder:
         """The hook carried out ``decision`` ``when`` (``import torch``, ``first optimizer``,
         ``import of M``, ``adaptive``); ``error``: torch's refusal of the setter call."""
         self.decisions.append(decision_record(decision, when, self.steps, error))
+        if when != "import torch":  # made while the program runs: on disk at once
+            self.refresh()
 
     # ------------------------------------------------------------------ per step
 
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         now = time.perf_counter()
-        self.steps += 1
-        self.ends.append(now - self.t0)
+        self.steps, end = self.steps + 1, now - self.t0
+        if self.steps <= KEEP:
+            self.ends.append(end)
+        elif (self.steps - KEEP) % self.every == 0:
+            self.sample.append(end - self.last)
+            if len(self.sample) == KEEP:  # every other one kept, each standing for more steps
+                del self.sample[::2]
+                self.every *= 2
+        self.last = end
         if self.steps >= self.warmup:
             self._sample()
+        if self.steps & (self.steps - 1) == 0 or now > self.refresh_at:
+            self.refresh()
         if self.progress and (
             now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
         ):
@@ -343,7 +375,7 @@ class Recorder:
             return True
         return "torch.distributed.elastic.agent.server.api" in sys.modules
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, final: bool = True) -> dict[str, Any]:
         torch = self.torch
         cuda = bool(torch.cuda.is_initialized())
         out: dict[str, Any] = {
@@ -357,7 +389,7 @@ class Recorder:
             "cuda": cuda,
             "device_name": torch.cuda.get_device_name() if cuda else "cpu",
             "started": self.started,
-            "ended_by": self.ending or "exit",
+            "ended_by": (self.ending or "exit") if final else "running",
             "signals": list(self.signals),
             "warmup": self.warmup,
             "stop_after": None if self.stop_total is None else self.stop_total - self.warmup,
@@ -365,13 +397,15 @@ class Recorder:
             "step_ends_s": [round(t, 6) for t in self.ends],
             "cuda_steps": self.sampler.records,
             "decision": decision_info(self),
-            "allocator_settings": allocator_settings(torch),
+            "allocator_settings": allocator_settings(torch) if final else {},
             "recorder": {
                 "hook_s": round(self.hook_s, 6),
                 "memory_stats_s": round(self.sample_s, 6),
                 "memory_stats_calls": self.samples,
             },
         }
+        if self.sample:
+            out["step_sample"] = dict(every=self.every, times_s=[round(t, 6) for t in self.sample])
         if cuda:
             stats = torch.cuda.memory_stats()
             out["peak_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
@@ -393,16 +427,29 @@ class Recorder:
         self.ending = ending
         if ending in ("SIGTERM", "SIGINT"):
             self.signals.append({"signal": ending, "at_step": self.steps})
+        self._emit(final=True)
+
+    def refresh(self) -> None:
+        """The interim report (``ended_by: running``, no allocator settings: reading them
+        freezes them), in place of the previous one: what an end without exit leaves."""
+        self.refresh_at = time.perf_counter() + REFRESH_S
+        if os.getpid() == self.pid and not self.writing and self.ending != "stop":
+            self._emit(final=False)
+
+    def _emit(self, final: bool) -> None:
         if self.skip_writing():
             return
         self.writing = True
         try:
-            text = json.dumps(self.as_dict(), separators=(",", ":"))
-            emit(report_path(self.target, self.pid, rank_vars()), text)
+            text = json.dumps(self.as_dict(final), separators=(",", ":"))
+            path = report_path(self.target, self.pid, rank_vars())
+            emit(path, text, self.span, interim=not final)
         except Exception as exc:
             _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
         finally:
             self.writing = False
+            if final:  # an interim report after this one (it went on) does not replace it
+                self.span = []
         deferred, self.deferred = self.deferred, None
         if deferred is not None:
             self.on_signal(*deferred)  # the signal that came while writing, handled now

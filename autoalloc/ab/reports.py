@@ -33,6 +33,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "warmup": (int,),
     "pid": (int,),
     "step_ends_s": (list,),
+    "step_sample": (dict,),
     "cuda_steps": (list,),
     "rank": (dict,),
     "signals": (list,),
@@ -81,8 +82,13 @@ def problem(report: object) -> str | None:
             not isinstance(value, types) or (bool not in types and isinstance(value, bool))
         ):
             return f"field {key!r} is a {type(value).__name__}, not what a report holds"
-    if not all(isinstance(t, _NUMBER) for t in report.get("step_ends_s") or ()):
-        return "field 'step_ends_s' holds something other than numbers"
+    sample = report.get("step_sample") or {"every": 1, "times_s": []}
+    every, later = sample.get("every"), sample.get("times_s")
+    if not isinstance(every, int) or every < 1 or not isinstance(later, list):
+        return "field 'step_sample' holds no positive 'every' and list 'times_s'"
+    for key, times in (("step_ends_s", report.get("step_ends_s")), ("step_sample", later)):
+        if not all(isinstance(t, _NUMBER) for t in times or ()):
+            return f"field {key!r} holds something other than numbers"
     if not all(isinstance(v, int) for v in (report.get("rank") or {}).values()):
         return "field 'rank' holds something other than integers"
     for step in report.get("cuda_steps") or ():

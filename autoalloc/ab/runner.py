@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from autoalloc.ab.arms import Arm, interleave
-from autoalloc.ab.table import applied_text, primary, run_figures
+from autoalloc.ab.table import applied_text, primary, run_figures, short_run
 from autoalloc.envvars import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
 
 TERM_GRACE_S = 15.0
@@ -311,6 +311,9 @@ def run_notes(
                 notes.append(
                     f"{tag}: timed out after {fig['steps']} steps (of {plan.warmup + plan.steps})"
                 )
+            if not fig["failed"] and fig["steps"] and not fig["measured_steps"]:
+                use = "--warmup {w} --steps {s}"
+                notes.append(f"{tag}: {short_run(fig['steps'], plan.warmup, use)}")
             seen, intent = fig.get("expandable_segments"), intents.get(name)
             if intent is not None and seen is not None and seen != intent:
                 notes.append(

@@ -28,10 +28,24 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 
 def step_times(report: Mapping[str, Any]) -> list[float]:
-    """Seconds of each step after the warm-up (a step's time: from the previous step's end)."""
-    ends = report.get("step_ends_s") or []
+    """Seconds of each step after the warm-up (a step's time: from the previous step's end).
+    A long run's report keeps the later steps thinned (``step_sample``: every ``every``-th
+    step's time): the full ones are thinned alike, so each time stands for as many steps."""
+    ends, sample = report.get("step_ends_s") or [], report.get("step_sample") or {}
     first = max(1, int(report.get("warmup") or 0))  # the first step has no previous end
-    return [ends[i] - ends[i - 1] for i in range(first, len(ends))]
+    times = [ends[i] - ends[i - 1] for i in range(first, len(ends))]
+    return times[:: sample.get("every", 1)] + sample.get("times_s", [])
+
+
+def short_run(steps: int, warmup: int, use: str) -> str:
+    """Why ``steps`` optimizer steps gave no step time, and what to ``use`` instead (formatted
+    with the warm-up ``w`` and the steps ``s`` after it that would measure them)."""
+    if steps < 2:
+        return "it ran 1 optimizer step: a step time needs two (from the previous step's end)"
+    return (
+        f"its {steps} optimizer steps all fell in the warm-up of {warmup}: no step was measured;"
+        f" use {use.format(w=steps // 4, s=steps - steps // 4)}"
+    )
 
 
 def figures(report: Mapping[str, Any]) -> Figures:
@@ -170,7 +184,7 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
             "this run checked the plumbing only, figures need a GPU"
         )
     if not any(r.get("measured_steps") for r in [*ok_on, *ok_off]):
-        return "no optimizer step was seen: step times are not compared, only memory is"
+        return "no step was measured (see the notes): step times are not compared, only memory is"
     meds_a = [r["step_ms_median"] for r in ok_on if r.get("step_ms_median")]
     meds_b = [r["step_ms_median"] for r in ok_off if r.get("step_ms_median")]
     ratio = statistics.median(meds_a) / statistics.median(meds_b)
@@ -364,12 +378,21 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _signal_lines(reports: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per process that survived a signal and went on (its report covers it all)."""
+    """One line per process that survived a signal and went on (its report covers it all),
+    that left no final report, or whose steps gave no step time (and what to set)."""
     out = []
     for report in reports:
         caught = [s for s in report.get("signals") or () if isinstance(s, dict)]
+        who = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
         if caught and report.get("ended_by") == "exit":
             got = ", ".join(f"{s.get('signal')} at step {s.get('at_step')}" for s in caught)
-            who = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
             out.append(f"{who}: went on after {got}; its report covers the whole run")
+        if report.get("ended_by") == "running":
+            out.append(
+                f"{who}: no final report (the process ended without a normal exit, e.g. "
+                "os._exit or SIGKILL, or runs still): its figures stop at its last interim report"
+            )
+        if report.get("steps") and not step_times(report):
+            warmup, use = int(report.get("warmup") or 0), "AUTOALLOC_REPORT_WARMUP={w}"
+            out.append(f"{who}: {short_run(report['steps'], warmup, use)}")
     return out
