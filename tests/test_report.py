@@ -346,11 +346,13 @@ def test_the_recorder_learns_each_decision_from_the_hook() -> None:
 
 
 ENDED_BY_ITS_ENGINE = """\
-import os, sys, torch
+import glob, os, sys, torch
 torch.set_num_threads(1)
 model = torch.nn.Linear(4, 2)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)  # the rule decides here: on disk at once
-print("AT_DECISION " + open(sys.argv[1]).read().strip(), flush=True)
+where = sys.argv[1]
+[path] = glob.glob(os.path.join(where, "*.json")) if os.path.isdir(where) else [where]
+print("AT_DECISION " + open(path).read().splitlines()[-1], flush=True)
 for step in range(5):
     opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
 os._exit(0)  # as Ray ends its workers: no atexit, no exit-time report
@@ -363,20 +365,20 @@ def test_a_process_ended_by_os_exit_leaves_its_decision_and_steps(tmp_path: Path
         'action = "apply"\n'
     )
     (tmp_path / "train_exit.py").write_text(ENDED_BY_ITS_ENGINE)
-    out = tmp_path / "r.json"
-    result = run(["train_exit.py", str(out)], tmp_path, AUTOALLOC_REPORT=str(out))
+    where = tmp_path / "reports"  # a directory: each process's file is its own to rewrite
+    result = run(["train_exit.py", str(where)], tmp_path, AUTOALLOC_REPORT=str(where) + "/")
     assert result.returncode == 0, result.stderr
     at_decision = json.loads(result.stdout.split("AT_DECISION ", 1)[1].splitlines()[0])
     assert at_decision["steps"] == 0 and at_decision["ended_by"] == "running"
     assert at_decision["decision"]["when"] == "first optimizer"
-    [line] = out.read_text().splitlines()  # each interim report replaced the one before
+    [written] = where.glob("*")  # rewritten whole each time (no *.tmp left beside it)
+    [line] = written.read_text().splitlines()
     report = json.loads(line)
-    # refreshed at steps 1, 2, 4 (and every few seconds): step 5 may be lost, no more
+    # written at steps 1, 2, 4 and every few seconds: step 5 may be lost, no more
     assert report["steps"] >= 4 and report["ended_by"] == "running"
     assert report["decision"]["action"] == "apply" and report["decision"]["rule"] == "exit-asr"
     assert report["decision"]["how"] == "runtime setter"
-    [shown] = reports.read_file(str(out)).reports
-    text = table.render_reports([shown])
+    text = table.render_reports([report])
     assert "apply exit-asr (runtime setter at first optimizer, step 0)" in text
     assert "no final report (the process ended without a normal exit" in text
 
@@ -385,8 +387,7 @@ def test_a_long_run_report_stays_small_and_readable(tmp_path: Path) -> None:
     """Past ``KEEP`` steps, a thinned sample: the size is bounded, the figures still come."""
     import torch
 
-    out = tmp_path / "r.json"
-    rec = recorder.Recorder(torch, str(out), warmup=0, stop_after=None)
+    rec = recorder.Recorder(torch, str(tmp_path / "reports") + "/", warmup=0, stop_after=None)
     sizes = {}
     for steps in (100_000, 300_000):
         while rec.steps < steps:
@@ -397,8 +398,8 @@ def test_a_long_run_report_stays_small_and_readable(tmp_path: Path) -> None:
     assert 0 < len(report["step_sample"]["times_s"]) < recorder.KEEP
     assert report["step_sample"]["every"] >= 256  # a power of two: 300,000 / 1,024 or more
     assert sizes[300_000] < 40_000 and sizes[300_000] < sizes[100_000] * 1.5
-    [line] = out.read_text().splitlines()  # the interim reports, each in place of the last
-    assert json.loads(line)["steps"] > 100_000
+    [written] = (tmp_path / "reports").glob("*")  # each interim report in place of the last
+    assert json.loads(written.read_text())["steps"] > 100_000
     fig = table.figures(report)
     assert fig["steps"] == 300_000 and fig["steps_per_s"] and fig["step_ms_median"] is not None
     assert reports.problem(report) is None

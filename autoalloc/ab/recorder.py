@@ -14,20 +14,20 @@ rule decided, when (at ``import torch``, at the first optimizer, at an import tr
 (the environment before torch started, or torch's runtime setter), at which optimizer step.
 
 At exit (also on SIGTERM and SIGINT, chained to the handlers that were there) it writes the
-report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one
-file each add their line, under a lock), into a directory (one file per process), or to
-stderr (``-``). A process its engine ends without a normal exit (``os._exit``: Ray's
-workers; SIGKILL) runs no exit code: so a regular file also gets an interim report
+report as one line of JSON (``emit``): appended to ``PATH`` (several processes given one file
+each add their line, under a lock), into a directory (one file per process), or to stderr
+(``-``). What ``PATH`` names is never replaced: a symlink is written through to its target,
+a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a stream, and
+anything else is refused with one line on stderr. DataLoader workers and the torchrun
+launcher never step an optimizer and write nothing. A program that survives the signal and
+steps on gets a final report at exit as well: readers keep a process's last report.
+
+A process its engine ends without a normal exit (``os._exit``: Ray's workers; SIGKILL) runs
+no exit code: given a directory, where its file is its own, it also writes an interim report
 (``ended_by: running``) when a decision is made after ``import torch``, at steps 1, 2, 4, 8,
-... and every ``REFRESH_S`` seconds of steps; it replaces the process's previous interim
-line while that still ends the file. The size is bounded: the first ``KEEP`` step ends in
-full, then a thinned sample of the later steps' times (``step_sample``), and the last
-``KEEP`` CUDA records. What ``PATH`` names is never replaced: a symlink is written through
-to its target, a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a
-stream (final reports only), and anything else is refused with one line on stderr.
-DataLoader workers and the torchrun launcher never step an optimizer and write nothing. A
-program that survives the signal and steps on gets a final report at exit as well, with
-every step: readers keep a process's last report.
+... and every ``REFRESH_S`` seconds of steps, the file rewritten whole (``rewrite``). A
+report's size is bounded: the first ``KEEP`` step ends in full, then a thinned
+sample of the later steps' times (``step_sample``), and the last ``KEEP`` CUDA records.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
 steps: the report is written and the process exits with status 0. Every rank of a torchrun
@@ -111,23 +111,19 @@ def _say(message: str) -> None:
         pass
 
 
-def emit(path: str | None, line: str, span: list[int] | None = None, interim: bool = False) -> bool:
+def emit(path: str | None, line: str) -> bool:
     """Write one report line to ``path`` (None: stderr) without replacing what ``path`` is.
 
     A regular file (or a symlink to one, or a new file) gets the line appended under an
     exclusive ``flock``, so processes sharing one file each keep their report; a FIFO or a
     character device gets it as a stream (a FIFO nobody reads is left alone); anything else
     is refused. Returns whether the line was written; a refusal costs one line on stderr.
-    ``span``: where the writer's previous interim line lies ([start, end]; [] for none),
-    replaced by this line while it still ends the file; it gets this line's. An ``interim``
-    line goes to a regular file only.
     """
     data = (line + "\n").encode("utf-8")
     if path is None:
-        if not interim:
-            sys.stderr.write(line + "\n")
-            sys.stderr.flush()
-        return not interim
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        return True
     from autoalloc.messages import shortened
 
     parent = os.path.dirname(path)
@@ -144,9 +140,7 @@ def emit(path: str | None, line: str, span: list[int] | None = None, interim: bo
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISREG(mode):
-            _locked_write(fd, data, [] if span is None else span)
-        elif interim:
-            return False
+            _locked_write(fd, data)
         elif stat.S_ISFIFO(mode) or stat.S_ISCHR(mode):
             os.set_blocking(fd, True)  # a reader is there: a report longer than its pipe waits
             _write_all(fd, data)
@@ -167,20 +161,26 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _locked_write(fd: int, data: bytes, span: list[int]) -> None:
-    """Append ``data``, or put it in place of the line at ``span`` if that still ends the file;
-    ``span`` gets where ``data`` lies. The lock goes with ``fd``'s close (``emit``)."""
+def _locked_write(fd: int, data: bytes) -> None:
     try:
         import fcntl
-
-        fcntl.flock(fd, fcntl.LOCK_EX)
     except ImportError:  # no flock here: O_APPEND alone keeps whole lines in practice
-        pass
-    end = os.fstat(fd).st_size
-    if len(span) == 2 and span[1] == end:
-        os.ftruncate(fd, end := span[0])
-    _write_all(fd, data)
-    span[:] = [end, end + len(data)]
+        _write_all(fd, data)
+        return
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        _write_all(fd, data)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def rewrite(path: str, text: str) -> None:
+    """A directory's report file, this process's alone, written whole: a new file renamed over
+    it, so an end at any moment (``os._exit`` from another thread) leaves the old or the new."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:  # not a *.json: readers pass it by
+        f.write(text)
+    os.replace(f"{path}.tmp", path)
 
 
 def allocator_settings(torch: Any) -> dict[str, Any]:
@@ -272,6 +272,7 @@ class Recorder:
         self.warmup = warmup
         self.stop_total = None if stop_after is None else warmup + stop_after
         self.progress = os.environ.get(PROGRESS_VAR)
+        self.own = target.endswith(("/", os.sep)) or os.path.isdir(target)  # a file per process
         self.sampler = StepSampler(warmup, KEEP)  # the CUDA counters per step (adaptive's too)
         # the hook's decisions (``decided``); a forked child keeps them: it inherits their effect
         self.decisions: list[dict[str, Any]] = []
@@ -287,7 +288,7 @@ class Recorder:
         self.ends: list[float] = []  # perf_counter at each step's end, relative to t0 (KEEP)
         self.sample: list[float] = []  # later: the time of every `every`-th step (thinned)
         self.every, self.last = 1, 0.0
-        self.span: list[int] = []  # where the last interim report lies in the file (emit)
+        self.kept = ""  # a directory's file: the final reports written to it (rewrite)
         self.refresh_at = 0.0
         self.sampler.reset()
         self.hook_s = 0.0
@@ -307,7 +308,7 @@ class Recorder:
         """The hook carried out ``decision`` ``when`` (``import torch``, ``first optimizer``,
         ``import of M``, ``adaptive``); ``error``: torch's refusal of the setter call."""
         self.decisions.append(decision_record(decision, when, self.steps, error))
-        if when != "import torch":  # made while the program runs: on disk at once
+        if self.own and when != "import torch":  # made while the program runs: on disk at once
             self.refresh()
 
     # ------------------------------------------------------------------ per step
@@ -325,7 +326,7 @@ class Recorder:
         self.last = end
         if self.steps >= self.warmup:
             self._sample()
-        if self.steps & (self.steps - 1) == 0 or now > self.refresh_at:
+        if self.own and (self.steps & (self.steps - 1) == 0 or now > self.refresh_at):
             self.refresh()
         if self.progress and (
             now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
@@ -430,8 +431,8 @@ class Recorder:
         self._emit(final=True)
 
     def refresh(self) -> None:
-        """The interim report (``ended_by: running``, no allocator settings: reading them
-        freezes them), in place of the previous one: what an end without exit leaves."""
+        """The interim report (``ended_by: running``; no allocator settings: reading them
+        freezes them): what an end without exit leaves."""
         self.refresh_at = time.perf_counter() + REFRESH_S
         if os.getpid() == self.pid and not self.writing and self.ending != "stop":
             self._emit(final=False)
@@ -443,13 +444,15 @@ class Recorder:
         try:
             text = json.dumps(self.as_dict(final), separators=(",", ":"))
             path = report_path(self.target, self.pid, rank_vars())
-            emit(path, text, self.span, interim=not final)
+            if self.own:
+                self.kept += text + "\n" if final else ""
+                rewrite(str(path), self.kept if final else f"{self.kept}{text}\n")
+            else:
+                emit(path, text)
         except Exception as exc:
             _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
         finally:
             self.writing = False
-            if final:  # an interim report after this one (it went on) does not replace it
-                self.span = []
         deferred, self.deferred = self.deferred, None
         if deferred is not None:
             self.on_signal(*deferred)  # the signal that came while writing, handled now
