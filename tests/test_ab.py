@@ -408,16 +408,11 @@ def test_late_arm_leaves_the_hook_to_decide_and_notes_what_each_run_did() -> Non
 def test_a_run_inside_the_warm_up_says_so_and_which_flags_measure_it() -> None:
     """A 3-step program under the default warm-up of 20: the note says why nothing was
     measured and which --warmup/--steps would; the verdict does not claim no step was seen."""
-    from autoalloc.ab.runner import Plan, result
+    from autoalloc.ab.runner import Plan, Run, result
 
     report = {"steps": 3, "warmup": 20, "step_ends_s": [0.1, 0.2, 0.3], "cuda": True,
               "ended_by": "exit", "rank": {}}
-    runs = [
-        type("R", (), {"arm": name, "as_dict": lambda self: {
-            "repeat": 1, "reports": [report], "returncode": 0, "timed_out": False,
-            "stderr_tail": []}})()
-        for name in ("on", "off")
-    ]
+    runs = [Run(name, 1, ["python", "t.py"], returncode=0, reports=[report]) for name in ("on", "off")]
     two = [arms.Arm("on", ("python", "t.py")), arms.Arm("off", ("python", "t.py"))]
     data = result(two, Plan(steps=50, warmup=20, repeat=1, timeout=60, out="o"), runs, [])
     assert (

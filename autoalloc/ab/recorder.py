@@ -22,12 +22,11 @@ anything else is refused with one line on stderr. DataLoader workers and the tor
 launcher never step an optimizer and write nothing. A program that survives the signal and
 steps on gets a final report at exit as well: readers keep a process's last report.
 
-A process its engine ends without a normal exit (``os._exit``: Ray's workers; SIGKILL) runs
-no exit code: given a directory, where its file is its own, it also writes an interim report
-(``ended_by: running``) when a decision is made after ``import torch``, at steps 1, 2, 4, 8,
-... and every ``REFRESH_S`` seconds of steps, the file rewritten whole (``rewrite``). A
-report's size is bounded: the first ``KEEP`` step ends in full, then a thinned
-sample of the later steps' times (``step_sample``), and the last ``KEEP`` CUDA records.
+A process ended by ``os._exit`` (Ray's workers) or SIGKILL runs no exit code: given a
+directory (its file its own), it also writes an interim report (``ended_by: running``) at a
+decision after ``import torch``, at steps 1, 2, 4, 8, ... and every ``REFRESH_S`` seconds of
+steps (``rewrite``). Bounded size: ``KEEP`` step ends, then a thinned ``step_sample`` of the
+later steps' times; the last ``KEEP`` CUDA records.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
 steps: the report is written and the process exits with status 0. Every rank of a torchrun
@@ -66,7 +65,7 @@ PROGRESS_EVERY_S = 0.25
 REFRESH_S = 5.0  # the interim report's interval: what an abrupt end loses at most
 KEEP = 1024  # step ends kept in full, and at most as many sampled step times and CUDA records
 
-Ending = Literal["exit", "stop", "SIGTERM", "SIGINT", "running"]
+Ending = Literal["exit", "stop", "SIGTERM", "SIGINT"]
 
 
 def _int_env(name: str, default: int | None) -> int | None:
@@ -229,16 +228,9 @@ def decision_record(
     policy file, value), ``when`` (``import torch``, ``first optimizer``, ``import of M``,
     ``adaptive``), ``how`` it reached torch (``environment``, ``runtime setter``; None: nothing
     was written) and ``at_step``, the optimizer steps counted by then."""
-    out: dict[str, Any] = {}
-    for key, attr in (
-        ("action", "action"),
-        ("rule", "rule"),
-        ("policy_file", "rule_source"),
-        ("reason", "reason"),
-        ("read_var", "read_var"),
-        ("value", "value"),
-    ):
-        out[key] = getattr(decision, attr, None)
+    keys = ("action", "rule", "reason", "read_var", "value")
+    out = {key: getattr(decision, key, None) for key in keys}
+    out["policy_file"] = getattr(decision, "rule_source", None)
     try:  # a report without this beats no report
         out["applied"] = dict(decision.applied())
     except Exception:
@@ -431,8 +423,7 @@ class Recorder:
         self._emit(final=True)
 
     def refresh(self) -> None:
-        """The interim report (``ended_by: running``; no allocator settings: reading them
-        freezes them): what an end without exit leaves."""
+        """The interim report: no allocator settings (reading them freezes them)."""
         self.refresh_at = time.perf_counter() + REFRESH_S
         if os.getpid() == self.pid and not self.writing and self.ending != "stop":
             self._emit(final=False)
@@ -535,14 +526,12 @@ def install(torch: Any | None = None, decision: Any = None) -> Recorder | None:
 
 def _unavailable(path: str) -> str:
     """Why opening ``path`` failed with ENXIO, by what it is."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "no such device or address"
-    if stat.S_ISSOCK(mode):
-        return "it is a socket (a report goes to a file, a FIFO, a terminal or '-')"
-    if stat.S_ISFIFO(mode):
-        return "nothing reads it (a FIFO without a reader)"
-    if stat.S_ISCHR(mode):
-        return "the device is not available (no terminal for /dev/tty?)"
+    mode = os.stat(path).st_mode if os.path.exists(path) else 0
+    for kind, why in (
+        (stat.S_ISSOCK, "it is a socket (a report goes to a file, a FIFO, a terminal or '-')"),
+        (stat.S_ISFIFO, "nothing reads it (a FIFO without a reader)"),
+        (stat.S_ISCHR, "the device is not available (no terminal for /dev/tty?)"),
+    ):
+        if kind(mode):
+            return why
     return "no such device or address"

@@ -58,11 +58,9 @@ class Verdict:
 
     def line(self) -> str:
         count = len(self.reports)
-        if self.outcome == "ok":
-            text = f"{count} report{'' if count == 1 else 's'}"
-        else:
-            read = f" ({count} report{'' if count == 1 else 's'} read)" if count else ""
-            text = f"{self.why}{read}"
+        text = f"{count} report{'' if count == 1 else 's'}"
+        if self.outcome != "ok":
+            text = f"{self.why} ({text} read)" if count else self.why
         return printable(f"{self.path}: {text}")
 
 
@@ -265,11 +263,7 @@ def by_rank(reports: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank order (processes without a rank last)."""
     from autoalloc.ab.table import report_rank
 
-    def order(report: dict[str, Any]) -> int:
-        rank = report_rank(report)
-        return 1 << 30 if rank is None else rank
-
-    return sorted(reports, key=order)
+    return sorted(reports, key=lambda r: (report_rank(r) is None, report_rank(r) or 0))
 
 
 EXIT_CODES = {

@@ -42,10 +42,8 @@ def short_run(steps: int, warmup: int, use: str) -> str:
     with the warm-up ``w`` and the steps ``s`` after it that would measure them)."""
     if steps < 2:
         return "it ran 1 optimizer step: a step time needs two (from the previous step's end)"
-    return (
-        f"its {steps} optimizer steps all fell in the warm-up of {warmup}: no step was measured;"
-        f" use {use.format(w=steps // 4, s=steps - steps // 4)}"
-    )
+    w, fits = steps // 4, f"its {steps} optimizer steps all fell in the warm-up of {warmup}"
+    return f"{fits}: no step was measured; use {use.format(w=w, s=steps - w)}"
 
 
 def figures(report: Mapping[str, Any]) -> Figures:
@@ -87,10 +85,6 @@ def report_rank(report: Mapping[str, Any]) -> int | None:
     return global_rank(report.get("rank") or {})
 
 
-def _or(value: object, default: object) -> object:
-    return default if value is None else value
-
-
 def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     """Ranks whose step count or setting differ from rank 0's, or whose step time does by >20%."""
     main = primary(reports)
@@ -100,7 +94,8 @@ def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     for report in reports:
         if report is main:
             continue
-        fig, who = figures(report), f"rank {_or(report_rank(report), report.get('pid'))}"
+        rank = report_rank(report)
+        fig, who = figures(report), f"rank {report.get('pid') if rank is None else rank}"
         if fig["steps"] != ref["steps"]:
             flags.append(f"{who}: {fig['steps']} steps (rank 0: {ref['steps']})")
         if fig["expandable_segments"] != ref["expandable_segments"]:
@@ -180,8 +175,7 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
     if not any(r.get("cuda") for r in [*ok_on, *ok_off]):
         return (
             "no comparison: the command ran on the CPU, where the CUDA allocator option "
-            "does nothing; "
-            "this run checked the plumbing only, figures need a GPU"
+            "does nothing; this run checked the plumbing only, figures need a GPU"
         )
     if not any(r.get("measured_steps") for r in [*ok_on, *ok_off]):
         return "no step was measured (see the notes): step times are not compared, only memory is"
@@ -320,11 +314,8 @@ def applied_text(decision: Mapping[str, Any]) -> str:
     step = decision.get("at_step")
     if how != "runtime setter" or not isinstance(step, int):
         return f"{rule} {_at(when)}, {way}"
-    steps = (
-        "before any optimizer step"
-        if step == 0
-        else (f"after {step} optimizer step{'' if step == 1 else 's'}")
-    )
+    steps = f"after {step} optimizer step{'' if step == 1 else 's'}"
+    steps = steps if step else "before any optimizer step"
     return f"{rule} {_at(when)}, {way}, {steps}"
 
 
@@ -338,8 +329,7 @@ def _decision_cell(decision: Mapping[str, Any]) -> str:
     if decision.get("how") == "environment":
         return f"{what} (environment, before torch started)"
     if decision.get("how") == "runtime setter":
-        step = decision.get("at_step")
-        return f"{what} (runtime setter at {decision.get('when')}, step {step})"
+        return f"{what} (runtime setter at {decision.get('when')}, step {decision.get('at_step')})"
     return what
 
 
@@ -388,10 +378,8 @@ def _signal_lines(reports: Sequence[Mapping[str, Any]]) -> list[str]:
             got = ", ".join(f"{s.get('signal')} at step {s.get('at_step')}" for s in caught)
             out.append(f"{who}: went on after {got}; its report covers the whole run")
         if report.get("ended_by") == "running":
-            out.append(
-                f"{who}: no final report (the process ended without a normal exit, e.g. "
-                "os._exit or SIGKILL, or runs still): its figures stop at its last interim report"
-            )
+            out.append(f"{who}: no final report (the process ended without a normal exit, e.g. "
+                       "os._exit or SIGKILL, or runs still): figures up to its last interim one")
         if report.get("steps") and not step_times(report):
             warmup, use = int(report.get("warmup") or 0), "AUTOALLOC_REPORT_WARMUP={w}"
             out.append(f"{who}: {short_run(report['steps'], warmup, use)}")
