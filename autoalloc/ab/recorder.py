@@ -24,7 +24,7 @@ steps on gets a final report at exit as well: readers keep a process's last repo
 
 A process ended by ``os._exit`` (Ray's workers) or SIGKILL runs no exit code: given a
 directory (its file its own), it also writes an interim report (``ended_by: running``) at a
-decision after ``import torch``, at steps 1, 2, 4, 8, ... and every ``REFRESH_S`` seconds of
+decision after ``import torch``, at steps 1, 2, 4, ..., 64 and every ``REFRESH_S`` seconds of
 steps (``rewrite``). Bounded size: ``KEEP`` step ends, then a thinned ``step_sample`` of the
 later steps' times; the last ``KEEP`` CUDA records.
 
@@ -318,7 +318,7 @@ class Recorder:
         self.last = end
         if self.steps >= self.warmup:
             self._sample()
-        if self.own and (self.steps & (self.steps - 1) == 0 or now > self.refresh_at):
+        if self.own and (now > self.refresh_at or self.steps in (1, 2, 4, 8, 16, 32, 64)):
             self.refresh()
         if self.progress and (
             now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
