@@ -85,6 +85,7 @@ def main(argv: list[str]) -> int:
             assert report is not None and report["steps"] == args.steps, report
             hook_us.append(1e6 * report["recorder"]["hook_s"] / report["steps"])
     result = {
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],  # the machine's load
         "steps": args.steps,
         "repeat": args.repeat,
         "step_us_without": [round(1e6 * t, 2) for t in off],
