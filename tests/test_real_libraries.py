@@ -198,9 +198,7 @@ def test_every_case_is_well_formed() -> None:
         assert all(isinstance(v, str) for v in case.get("env_vars", {}).values()), case
         if "workers" in case:
             workers = case["workers"]
-            assert set(workers) <= {"count", "expect", "rule", "xfail"}, case
-            assert workers["count"] >= 1 and workers["expect"] in ("apply", "untouched"), case
-            assert ("rule" in workers) == (workers["expect"] == "apply"), case
+            assert set(workers) <= {"count", "xfail"} and workers["count"] >= 1, case
         if "external" in case:
             external = case["external"]
             assert set(external) == {"var", "files"}, case
@@ -478,23 +476,24 @@ def test_real_library(case: dict, tmp_path: Path) -> None:
         assert probe.get("steps", 0) >= 1, \
             f"no optimizer step ran: {json.dumps(probe)}\n{show(result)}"
     try:
-        if case["expect"] == "apply":
+        if "workers" in case and case["expect"] == "apply":
+            pass  # the driver trains nothing: applied early from its source, or left alone
+        elif case["expect"] == "apply":
             assert_applied(result, case["rule"])
         else:
             assert_untouched(result)
     except AssertionError as e:
         raise AssertionError(f"{e}\nprobe: {json.dumps(probe)}\n--- stderr (the decision)\n"
                              f"{result.stderr[-12000:]}") from None
-    if "workers" in case:  # explain's prediction is about what the training gets
-        case = {**case, "expect": case["workers"]["expect"]}
     check_prediction(case, python, work, env)
 
 
 def check_workers(case: dict, directory: Path, result: subprocess.CompletedProcess[str]) -> None:
     """A job whose workers train (Ray Train's, which Ray ends with ``os._exit``): each worker
-    left its report with its steps and its decision (``workers.expect``), printed for the
-    record. ``workers.xfail``: why today's code does not yet do what is expected (non-strict:
-    the case passes once it does)."""
+    left its report with its steps and got what the case expects, printed for the record:
+    "apply", the rule at the worker's first optimizer or inherited from the driver (decided
+    before torch started, from its source); "untouched", nothing. ``workers.xfail``: why
+    today's code does not yet do what is expected (non-strict: passes once it does)."""
     from autoalloc.ab import reports
 
     want = case["workers"]
@@ -506,11 +505,12 @@ def check_workers(case: dict, directory: Path, result: subprocess.CompletedProce
         print(f"WORKER {case['name']} pid {report.get('pid')}: {report['steps']} steps, ended "
               f"by {report.get('ended_by')}; decision {got[-1]}")
     assert len(found) == want["count"], f"{len(found)} worker reports with steps\n{show(result)}"
-    expected = (("apply", want["rule"], "first optimizer") if want["expect"] == "apply"
-                else ("none", None, "import torch"))
-    if got != [expected] * want["count"] and "xfail" in want:
+    rule = case.get("rule")
+    expected = ({("apply", rule, "first optimizer"), ("inherited", rule, "import torch")}
+                if case["expect"] == "apply" else {("none", None, "import torch")})
+    if not set(got) <= expected and "xfail" in want:
         pytest.xfail(want["xfail"])
-    assert got == [expected] * want["count"], f"{got}\n{show(result)}"
+    assert set(got) <= expected, f"{got}\n{show(result)}"
 
 
 def check_prediction(case: dict, python: str, work: Path, env: dict[str, str]) -> None:
