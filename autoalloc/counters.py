@@ -48,11 +48,3 @@ class StepSampler:
             if self.keep is not None:
                 del self.records[: -self.keep]
         self.previous = now
-
-    def sample(self, cuda: Any, step: int) -> bool:
-        """Read ``cuda.memory_stats()`` at step ``step``; False (nothing read) before ``start``
-        or while CUDA is not initialized (``memory_stats()`` would initialize it)."""
-        if step < self.start or not cuda.is_initialized():
-            return False
-        self.add(step, cuda.memory_stats())
-        return True

@@ -2,8 +2,10 @@
 """What ``AUTOALLOC_REPORT`` costs per optimizer step, on a small CPU model.
 
 Runs the same training loop (an MLP, SGD, one CPU thread) with and without
-``AUTOALLOC_REPORT``, interleaved, each in its own process of this interpreter (autoalloc
-installed, so its hook installs the recorder), and compares the loop's median step time.
+``AUTOALLOC_REPORT`` (a directory: the dearer case, with the interim reports rewritten at
+steps 1, 2, 4, ... and every few seconds), interleaved, each in its own process of this
+interpreter (autoalloc installed, so its hook installs the recorder), and compares the
+loop's median step time.
 It also prints the recorder's own account of its time (``recorder.hook_s`` in the report):
 the time spent inside its step hook, which is the part of the difference it causes.
 
@@ -16,6 +18,7 @@ warm-up; that cost is in every report (``recorder.memory_stats_s`` / ``memory_st
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import statistics
@@ -46,7 +49,7 @@ def one_run(steps: int, report: str | None) -> tuple[float, dict | None]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOALLOC_REPORT")}
     env["OMP_NUM_THREADS"] = "1"
     if report:
-        env["AUTOALLOC_REPORT"] = report
+        env["AUTOALLOC_REPORT"] = report + os.sep
         env["AUTOALLOC_REPORT_WARMUP"] = "0"
     out = subprocess.run(
         [sys.executable, "-c", LOOP, str(steps)],
@@ -59,7 +62,8 @@ def one_run(steps: int, report: str | None) -> tuple[float, dict | None]:
     median = statistics.median(json.loads(line[5:]))
     recorded = None
     if report:
-        with open(report, encoding="utf-8") as f:
+        [path] = glob.glob(os.path.join(report, "*.json"))
+        with open(path, encoding="utf-8") as f:
             recorded = json.load(f)
     return median, recorded
 
@@ -76,11 +80,12 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             off.append(one_run(args.steps, None)[0])
-            median, report = one_run(args.steps, os.path.join(tmp, f"r{i}.json"))
+            median, report = one_run(args.steps, os.path.join(tmp, f"r{i}"))
             on.append(median)
             assert report is not None and report["steps"] == args.steps, report
             hook_us.append(1e6 * report["recorder"]["hook_s"] / report["steps"])
     result = {
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],  # the machine's load
         "steps": args.steps,
         "repeat": args.repeat,
         "step_us_without": [round(1e6 * t, 2) for t in off],

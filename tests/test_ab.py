@@ -403,3 +403,22 @@ def test_late_arm_leaves_the_hook_to_decide_and_notes_what_each_run_did() -> Non
     missed = {"action": "none", "reason": "no rule matches"}
     [note] = hook_notes(on, "on run 1", {"reports": [{"decision": missed}]})
     assert "did not apply the options in this run after all (none: no rule matches)" in note
+
+
+def test_a_run_inside_the_warm_up_says_so_and_which_flags_measure_it() -> None:
+    """A 3-step program under the default warm-up of 20: the note says why nothing was
+    measured and which --warmup/--steps would; the verdict does not claim no step was seen."""
+    from autoalloc.ab.runner import Plan, Run, result
+
+    report = {"steps": 3, "warmup": 20, "step_ends_s": [0.1, 0.2, 0.3], "cuda": True,
+              "ended_by": "exit", "rank": {}}
+    runs = [Run(name, 1, ["python", "t.py"], returncode=0, reports=[report]) for name in ("on", "off")]
+    two = [arms.Arm("on", ("python", "t.py")), arms.Arm("off", ("python", "t.py"))]
+    data = result(two, Plan(steps=50, warmup=20, repeat=1, timeout=60, out="o"), runs, [])
+    assert (
+        "on run 1: its 3 optimizer steps all fell in the warm-up of 20: no step was measured; "
+        "use --warmup 0 --steps 3" in data["notes"]
+    )
+    text = table.render_ab(data)
+    assert "verdict: no step was measured (see the notes)" in text
+    assert "no optimizer step was seen" not in text

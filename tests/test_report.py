@@ -343,3 +343,77 @@ def test_the_recorder_learns_each_decision_from_the_hook() -> None:
         "rule nemo-asr-import at its import of nemo.collections.asr, through the "
         "runtime setter, after 4 optimizer steps"
     )
+
+
+ENDED_BY_ITS_ENGINE = """\
+import glob, os, sys, torch
+torch.set_num_threads(1)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)  # the rule decides here: on disk at once
+where = sys.argv[1]
+[path] = glob.glob(os.path.join(where, "*.json")) if os.path.isdir(where) else [where]
+print("AT_DECISION " + open(path).read().splitlines()[-1], flush=True)
+for step in range(5):
+    opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
+os._exit(0)  # as Ray ends its workers: no atexit, no exit-time report
+"""
+
+
+def test_a_process_ended_by_os_exit_leaves_its_decision_and_steps(tmp_path: Path) -> None:
+    (tmp_path / "autoalloc.toml").write_text(
+        '[[rules]]\nname = "exit-asr"\nscripts = ["train_exit.py"]\ntraining = true\n'
+        'action = "apply"\n'
+    )
+    (tmp_path / "train_exit.py").write_text(ENDED_BY_ITS_ENGINE)
+    where = tmp_path / "reports"  # a directory: each process's file is its own to rewrite
+    result = run(["train_exit.py", str(where)], tmp_path, AUTOALLOC_REPORT=str(where) + "/")
+    assert result.returncode == 0, result.stderr
+    at_decision = json.loads(result.stdout.split("AT_DECISION ", 1)[1].splitlines()[0])
+    assert at_decision["steps"] == 0 and at_decision["ended_by"] == "running"
+    assert at_decision["decision"]["when"] == "first optimizer"
+    [written] = where.glob("*")  # rewritten whole each time (no *.tmp left beside it)
+    [line] = written.read_text().splitlines()
+    report = json.loads(line)
+    # written at steps 1, 2, 4 and every few seconds: step 5 may be lost, no more
+    assert report["steps"] >= 4 and report["ended_by"] == "running"
+    assert report["decision"]["action"] == "apply" and report["decision"]["rule"] == "exit-asr"
+    assert report["decision"]["how"] == "runtime setter"
+    text = table.render_reports([report])
+    assert "apply exit-asr (runtime setter at first optimizer, step 0)" in text
+    assert "no final report (the process ended without a normal exit" in text
+
+
+def test_a_long_run_report_stays_small_and_readable(tmp_path: Path) -> None:
+    """Past ``KEEP`` steps, a thinned sample: the size is bounded, the figures still come."""
+    import torch
+
+    rec = recorder.Recorder(torch, str(tmp_path / "reports") + "/", warmup=0, stop_after=None)
+    sizes = {}
+    for steps in (100_000, 300_000):
+        while rec.steps < steps:
+            rec.on_step(None, (), {})
+        sizes[steps] = len(json.dumps(rec.as_dict(final=False)))
+    report = rec.as_dict(final=False)
+    assert len(report["step_ends_s"]) == recorder.KEEP
+    assert 0 < len(report["step_sample"]["times_s"]) < recorder.KEEP
+    assert report["step_sample"]["every"] >= 256  # a power of two: 300,000 / 1,024 or more
+    assert sizes[300_000] < 40_000 and sizes[300_000] < sizes[100_000] * 1.5
+    rec.refresh()  # as every few seconds: the file rewritten whole, one report in it
+    [written] = (tmp_path / "reports").glob("*")
+    assert json.loads(written.read_text())["steps"] == 300_000
+    assert written.stat().st_size < 40_000
+    fig = table.figures(report)
+    assert fig["steps"] == 300_000 and fig["steps_per_s"] and fig["step_ms_median"] is not None
+    assert reports.problem(report) is None
+
+
+def test_report_says_why_a_short_run_has_no_step_time() -> None:
+    short = report_row(steps=3, warmup=20, step_ends_s=[0.1, 0.2, 0.3], file="r.json")
+    text = table.render_reports([short])
+    assert (
+        "r.json: its 3 optimizer steps all fell in the warm-up of 20: no step was measured; "
+        "use AUTOALLOC_REPORT_WARMUP=0" in text
+    )
+    one = table.render_reports([report_row(steps=1, warmup=0, step_ends_s=[0.1])])
+    assert "a step time needs two" in one
+    assert "no step was measured" not in table.render_reports([report_row(warmup=1)])

@@ -49,9 +49,8 @@ def merged(env: Mapping[str, str], var: str, options: Mapping[str, str]) -> tupl
     try:
         pairs = allocconf.parse(existing)
     except allocconf.ConfError as exc:
-        return allocconf.serialize(
-            dict(options)
-        ), f"{var}={existing!r} is not parseable ({exc}): replaced"
+        why = f"{var}={existing!r} is not parseable ({exc}): replaced"
+        return allocconf.serialize(dict(options)), why
     value, _ = allocconf.merge(pairs, options, override=True)
     return allocconf.serialize(value), ""
 
@@ -84,7 +83,8 @@ def ab_arms(
         on = late_arm(cmd, later)
     else:
         options = {k: str(v["value"]) for k, v in explained["allocator"].items()}
-        origins = sorted({_origin(str(v["from"])) for v in explained["allocator"].values()})
+        froms = {str(v["from"]) for v in explained["allocator"].values()}
+        origins = sorted({"autoalloc's built-in default" if f == "default" else f for f in froms})
         why = decision.get("reason") or decision["action"]
         value, note = merged(env, var, options)
         on = Arm(
@@ -133,10 +133,6 @@ def late_arm(command: tuple[str, ...], later: Mapping[str, Any]) -> Arm:
         hooked=True,
         late=True,
     )
-
-
-def _origin(where: str) -> str:
-    return "autoalloc's built-in default" if where == "default" else where
 
 
 def _intent(options: Mapping[str, str]) -> bool | None:

@@ -57,22 +57,9 @@ def _lines(
     ax_time: Any, ax_mem: Any, report: Mapping[str, Any], color: str, style: str, label: str
 ) -> None:
     ends = report.get("step_ends_s") or []
-    steps = list(range(2, len(ends) + 1))
-    ax_time.plot(
-        steps,
-        [1000 * (ends[i] - ends[i - 1]) for i in range(1, len(ends))],
-        style,
-        color=color,
-        label=label,
-        linewidth=1,
-    )
+    times = [1000 * (ends[i] - ends[i - 1]) for i in range(1, len(ends))]
+    line = {"color": color, "label": label, "linewidth": 1}
+    ax_time.plot(list(range(2, len(ends) + 1)), times, style, **line)
     cuda = report.get("cuda_steps") or []
     if cuda:
-        ax_mem.plot(
-            [s["step"] for s in cuda],
-            [s["reserved"] / GIB for s in cuda],
-            style,
-            color=color,
-            label=label,
-            linewidth=1,
-        )
+        ax_mem.plot([s["step"] for s in cuda], [s["reserved"] / GIB for s in cuda], style, **line)

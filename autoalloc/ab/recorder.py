@@ -18,10 +18,15 @@ report as one line of JSON (``emit``): appended to ``PATH`` (several processes g
 each add their line, under a lock), into a directory (one file per process), or to stderr
 (``-``). What ``PATH`` names is never replaced: a symlink is written through to its target,
 a FIFO or a character device (``/dev/null``, ``/dev/stdout``) is written as a stream, and
-anything else is refused with one line on stderr.
-DataLoader workers and the torchrun launcher never step an optimizer and write nothing.
-A program that survives the signal and steps on gets a final report at exit as well, with
-every step: readers keep a process's last report.
+anything else is refused with one line on stderr. DataLoader workers and the torchrun
+launcher never step an optimizer and write nothing. A program that survives the signal and
+steps on gets a final report at exit as well: readers keep a process's last report.
+
+A process ended by ``os._exit`` (Ray's workers) or SIGKILL runs no exit code: given a
+directory (its file its own), it also writes an interim report (``ended_by: running``) at a
+decision after ``import torch``, at steps 1, 2, 4, ..., 64 and every ``REFRESH_S`` seconds of
+steps (``rewrite``). Bounded size: ``KEEP`` step ends, then a thinned ``step_sample`` of the
+later steps' times; the last ``KEEP`` CUDA records.
 
 ``AUTOALLOC_AB_STOP_AFTER=N`` (set by ``autoalloc ab``) ends the process after warm-up + N
 steps: the report is written and the process exits with status 0. Every rank of a torchrun
@@ -57,6 +62,8 @@ DEFAULT_WARMUP = 20
 SCHEMA = "autoalloc-report/1"
 STOP_GRACE_S = 60.0  # after a stop, a process that does not end by itself is ended
 PROGRESS_EVERY_S = 0.25
+REFRESH_S = 5.0  # the interim report's interval: what an abrupt end loses at most
+KEEP = 1024  # step ends kept in full, and at most as many sampled step times and CUDA records
 
 Ending = Literal["exit", "stop", "SIGTERM", "SIGINT"]
 
@@ -166,6 +173,15 @@ def _locked_write(fd: int, data: bytes) -> None:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
+def rewrite(path: str, text: str) -> None:
+    """A directory's report file, this process's alone, written whole: a new file renamed over
+    it, so an end at any moment (``os._exit`` from another thread) leaves the old or the new."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(f"{path}.tmp", "w", encoding="utf-8") as f:  # not a *.json: readers pass it by
+        f.write(text)
+    os.replace(f"{path}.tmp", path)
+
+
 def allocator_settings(torch: Any) -> dict[str, Any]:
     """What torch says its allocator uses: the getter's string and, on CUDA builds, the snapshot.
 
@@ -212,16 +228,9 @@ def decision_record(
     policy file, value), ``when`` (``import torch``, ``first optimizer``, ``import of M``,
     ``adaptive``), ``how`` it reached torch (``environment``, ``runtime setter``; None: nothing
     was written) and ``at_step``, the optimizer steps counted by then."""
-    out: dict[str, Any] = {}
-    for key, attr in (
-        ("action", "action"),
-        ("rule", "rule"),
-        ("policy_file", "rule_source"),
-        ("reason", "reason"),
-        ("read_var", "read_var"),
-        ("value", "value"),
-    ):
-        out[key] = getattr(decision, attr, None)
+    keys = ("action", "rule", "reason", "read_var", "value")
+    out = {key: getattr(decision, key, None) for key in keys}
+    out["policy_file"] = getattr(decision, "rule_source", None)
     try:  # a report without this beats no report
         out["applied"] = dict(decision.applied())
     except Exception:
@@ -255,7 +264,8 @@ class Recorder:
         self.warmup = warmup
         self.stop_total = None if stop_after is None else warmup + stop_after
         self.progress = os.environ.get(PROGRESS_VAR)
-        self.sampler = StepSampler(start=warmup)  # the CUDA counters per step (adaptive's too)
+        self.own = target.endswith(("/", os.sep)) or os.path.isdir(target)  # a file per process
+        self.sampler = StepSampler(warmup, KEEP)  # the CUDA counters per step (adaptive's too)
         # the hook's decisions (``decided``); a forked child keeps them: it inherits their effect
         self.decisions: list[dict[str, Any]] = []
         self._reset()
@@ -267,7 +277,11 @@ class Recorder:
         self.started = time.time()
         self.t0 = time.perf_counter()
         self.steps = 0
-        self.ends: list[float] = []  # perf_counter at each step's end, relative to t0
+        self.ends: list[float] = []  # perf_counter at each step's end, relative to t0 (KEEP)
+        self.sample: list[float] = []  # later: the time of every `every`-th step (thinned)
+        self.every, self.last = 1, 0.0
+        self.kept = ""  # a directory's file: the final reports written to it (rewrite)
+        self.refresh_at = 0.0
         self.sampler.reset()
         self.hook_s = 0.0
         self.sample_s = 0.0
@@ -286,15 +300,26 @@ class Recorder:
         """The hook carried out ``decision`` ``when`` (``import torch``, ``first optimizer``,
         ``import of M``, ``adaptive``); ``error``: torch's refusal of the setter call."""
         self.decisions.append(decision_record(decision, when, self.steps, error))
+        if self.own and when != "import torch":  # made while the program runs: on disk at once
+            self.refresh()
 
     # ------------------------------------------------------------------ per step
 
     def on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         now = time.perf_counter()
-        self.steps += 1
-        self.ends.append(now - self.t0)
+        self.steps, end = self.steps + 1, now - self.t0
+        if self.steps <= KEEP:
+            self.ends.append(end)
+        elif (self.steps - KEEP) % self.every == 0:
+            self.sample.append(end - self.last)
+            if len(self.sample) == KEEP:  # every other one kept, each standing for more steps
+                del self.sample[::2]
+                self.every *= 2
+        self.last = end
         if self.steps >= self.warmup:
             self._sample()
+        if self.own and (now > self.refresh_at or self.steps in (1, 2, 4, 8, 16, 32, 64)):
+            self.refresh()
         if self.progress and (
             now - self.last_progress > PROGRESS_EVERY_S or self.steps == self.stop_total
         ):
@@ -343,7 +368,7 @@ class Recorder:
             return True
         return "torch.distributed.elastic.agent.server.api" in sys.modules
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self, final: bool = True) -> dict[str, Any]:
         torch = self.torch
         cuda = bool(torch.cuda.is_initialized())
         out: dict[str, Any] = {
@@ -357,7 +382,7 @@ class Recorder:
             "cuda": cuda,
             "device_name": torch.cuda.get_device_name() if cuda else "cpu",
             "started": self.started,
-            "ended_by": self.ending or "exit",
+            "ended_by": (self.ending or "exit") if final else "running",
             "signals": list(self.signals),
             "warmup": self.warmup,
             "stop_after": None if self.stop_total is None else self.stop_total - self.warmup,
@@ -365,13 +390,15 @@ class Recorder:
             "step_ends_s": [round(t, 6) for t in self.ends],
             "cuda_steps": self.sampler.records,
             "decision": decision_info(self),
-            "allocator_settings": allocator_settings(torch),
+            "allocator_settings": allocator_settings(torch) if final else {},
             "recorder": {
                 "hook_s": round(self.hook_s, 6),
                 "memory_stats_s": round(self.sample_s, 6),
                 "memory_stats_calls": self.samples,
             },
         }
+        if self.sample:
+            out["step_sample"] = dict(every=self.every, times_s=[round(t, 6) for t in self.sample])
         if cuda:
             stats = torch.cuda.memory_stats()
             out["peak_reserved"] = int(stats.get("reserved_bytes.all.peak", 0))
@@ -393,12 +420,26 @@ class Recorder:
         self.ending = ending
         if ending in ("SIGTERM", "SIGINT"):
             self.signals.append({"signal": ending, "at_step": self.steps})
+        self._emit(final=True)
+
+    def refresh(self) -> None:
+        """The interim report: no allocator settings (reading them freezes them)."""
+        self.refresh_at = time.perf_counter() + REFRESH_S
+        if os.getpid() == self.pid and not self.writing and self.ending != "stop":
+            self._emit(final=False)
+
+    def _emit(self, final: bool) -> None:
         if self.skip_writing():
             return
         self.writing = True
         try:
-            text = json.dumps(self.as_dict(), separators=(",", ":"))
-            emit(report_path(self.target, self.pid, rank_vars()), text)
+            text = json.dumps(self.as_dict(final), separators=(",", ":"))
+            path = report_path(self.target, self.pid, rank_vars())
+            if self.own:
+                self.kept += text + "\n" if final else ""
+                rewrite(str(path), self.kept if final else f"{self.kept}{text}\n")
+            else:
+                emit(path, text)
         except Exception as exc:
             _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
         finally:
@@ -485,14 +526,12 @@ def install(torch: Any | None = None, decision: Any = None) -> Recorder | None:
 
 def _unavailable(path: str) -> str:
     """Why opening ``path`` failed with ENXIO, by what it is."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return "no such device or address"
-    if stat.S_ISSOCK(mode):
-        return "it is a socket (a report goes to a file, a FIFO, a terminal or '-')"
-    if stat.S_ISFIFO(mode):
-        return "nothing reads it (a FIFO without a reader)"
-    if stat.S_ISCHR(mode):
-        return "the device is not available (no terminal for /dev/tty?)"
+    mode = os.stat(path).st_mode if os.path.exists(path) else 0
+    for kind, why in (
+        (stat.S_ISSOCK, "it is a socket (a report goes to a file, a FIFO, a terminal or '-')"),
+        (stat.S_ISFIFO, "nothing reads it (a FIFO without a reader)"),
+        (stat.S_ISCHR, "the device is not available (no terminal for /dev/tty?)"),
+    ):
+        if kind(mode):
+            return why
     return "no such device or address"

@@ -33,6 +33,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "warmup": (int,),
     "pid": (int,),
     "step_ends_s": (list,),
+    "step_sample": (dict,),
     "cuda_steps": (list,),
     "rank": (dict,),
     "signals": (list,),
@@ -57,11 +58,9 @@ class Verdict:
 
     def line(self) -> str:
         count = len(self.reports)
-        if self.outcome == "ok":
-            text = f"{count} report{'' if count == 1 else 's'}"
-        else:
-            read = f" ({count} report{'' if count == 1 else 's'} read)" if count else ""
-            text = f"{self.why}{read}"
+        text = f"{count} report{'' if count == 1 else 's'}"
+        if self.outcome != "ok":
+            text = f"{self.why} ({text} read)" if count else self.why
         return printable(f"{self.path}: {text}")
 
 
@@ -81,8 +80,13 @@ def problem(report: object) -> str | None:
             not isinstance(value, types) or (bool not in types and isinstance(value, bool))
         ):
             return f"field {key!r} is a {type(value).__name__}, not what a report holds"
-    if not all(isinstance(t, _NUMBER) for t in report.get("step_ends_s") or ()):
-        return "field 'step_ends_s' holds something other than numbers"
+    sample = report.get("step_sample") or {"every": 1, "times_s": []}
+    every, later = sample.get("every"), sample.get("times_s")
+    if not isinstance(every, int) or every < 1 or not isinstance(later, list):
+        return "field 'step_sample' holds no positive 'every' and list 'times_s'"
+    for key, times in (("step_ends_s", report.get("step_ends_s")), ("step_sample", later)):
+        if not all(isinstance(t, _NUMBER) for t in times or ()):
+            return f"field {key!r} holds something other than numbers"
     if not all(isinstance(v, int) for v in (report.get("rank") or {}).values()):
         return "field 'rank' holds something other than integers"
     for step in report.get("cuda_steps") or ():
@@ -259,11 +263,7 @@ def by_rank(reports: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank order (processes without a rank last)."""
     from autoalloc.ab.table import report_rank
 
-    def order(report: dict[str, Any]) -> int:
-        rank = report_rank(report)
-        return 1 << 30 if rank is None else rank
-
-    return sorted(reports, key=order)
+    return sorted(reports, key=lambda r: (report_rank(r) is None, report_rank(r) or 0))
 
 
 EXIT_CODES = {

@@ -10,6 +10,7 @@ SIGTERM (its processes write their reports), then SIGKILL.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, TextIO
 
 from autoalloc.ab.arms import Arm, interleave
-from autoalloc.ab.table import applied_text, primary, run_figures
+from autoalloc.ab.table import applied_text, primary, run_figures, short_run
 from autoalloc.envvars import PROGRESS_VAR, REPORT_VAR, STOP_VAR, WARMUP_VAR
 
 TERM_GRACE_S = 15.0
@@ -44,9 +45,6 @@ class Run:
     def failed(self) -> bool:
         """The command failed: a non-zero exit that was not ours (a stop, or a timeout we sent)."""
         return not self.timed_out and self.returncode not in (0, None)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -97,25 +95,19 @@ class Progress:
 
     def done(self, index: int, run: Run) -> None:
         steps = max((r.get("steps", 0) for r in run.reports), default=0)
-        if run.timed_out:
-            how = "timed out"
-        elif run.failed:
-            how = f"FAILED (exit {run.returncode})"
-        else:
-            how = "done"
+        how = "timed out" if run.timed_out else "done"
+        how = f"FAILED (exit {run.returncode})" if run.failed else how
         if self.tty:
             self.stream.write("\r\033[K")
         line = f"[{index}/{self.total_runs}] {run.arm} (repeat {run.repeat}): {how}, "
-        counted = f"{steps} step{'' if steps == 1 else 's'}"
-        print(line + f"{counted}, {run.wall_s:.1f} s", file=self.stream, flush=True)
+        line += f"{steps} step{'' if steps == 1 else 's'}, {run.wall_s:.1f} s"
+        print(line, file=self.stream, flush=True)
 
 
 def read_reports(directory: str) -> list[dict[str, Any]]:
     """The reports in a run's directory, rank order (processes without a rank last)."""
     from autoalloc.ab.reports import by_rank, read_directory
 
-    if not os.path.isdir(directory):
-        return []
     return by_rank(r for v in read_directory(directory) for r in v.reports)
 
 
@@ -156,17 +148,8 @@ def run_environment(
 def run_once(arm: Arm, repeat: int, index: int, plan: Plan, progress: Progress) -> Run:
     """One run of ``arm``: start it, follow it, end it at the timeout, read its reports."""
     directory = os.path.join(os.path.abspath(plan.out), "runs", f"{arm.name}-{repeat}")
-    os.makedirs(os.path.join(directory, "reports"), exist_ok=True)
-    stale = [
-        os.path.join(directory, "reports", name)
-        for name in os.listdir(os.path.join(directory, "reports"))
-    ]
-    for path in [
-        *stale,
-        os.path.join(directory, "progress"),
-    ]:  # a previous ab run's, in the same --out
-        if os.path.exists(path):
-            os.remove(path)
+    shutil.rmtree(directory, ignore_errors=True)  # a previous ab run's, in the same --out
+    os.makedirs(os.path.join(directory, "reports"))
     env = run_environment(arm, plan, directory, os.environ)
     run = Run(arm.name, repeat, list(arm.command), directory=directory)
     started = time.perf_counter()
@@ -247,7 +230,7 @@ def result(
     """The A/B as data (the JSON): plan, arms, every run with its figures, notes."""
     by_arm: dict[str, list[dict[str, Any]]] = {arm.name: [] for arm in arms}
     for run in runs:
-        data = run.as_dict()
+        data = asdict(run)
         data["figures"] = run_figures(data)
         by_arm[run.arm].append(data)
     return {
@@ -304,13 +287,15 @@ def run_notes(
                 notes.append(
                     f"{tag}: no optimizer step was seen in {plan.timeout:.0f} s (--timeout): "
                     "the command never called torch.optim's Optimizer.step, so step times "
-                    "cannot be compared; the comparison "
-                    "is about memory only"
+                    "cannot be compared; the comparison is about memory only"
                 )
             elif run["timed_out"]:
                 notes.append(
                     f"{tag}: timed out after {fig['steps']} steps (of {plan.warmup + plan.steps})"
                 )
+            if not fig["failed"] and fig["steps"] and not fig["measured_steps"]:
+                use = "--warmup {w} --steps {s}"
+                notes.append(f"{tag}: {short_run(fig['steps'], plan.warmup, use)}")
             seen, intent = fig.get("expandable_segments"), intents.get(name)
             if intent is not None and seen is not None and seen != intent:
                 notes.append(

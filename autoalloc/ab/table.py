@@ -28,10 +28,22 @@ def quantile(values: Sequence[float], q: float) -> float | None:
 
 
 def step_times(report: Mapping[str, Any]) -> list[float]:
-    """Seconds of each step after the warm-up (a step's time: from the previous step's end)."""
-    ends = report.get("step_ends_s") or []
+    """Seconds of each step after the warm-up (a step's time: from the previous step's end).
+    A long run's report keeps the later steps thinned (``step_sample``: every ``every``-th
+    step's time): the full ones are thinned alike, so each time stands for as many steps."""
+    ends, sample = report.get("step_ends_s") or [], report.get("step_sample") or {}
     first = max(1, int(report.get("warmup") or 0))  # the first step has no previous end
-    return [ends[i] - ends[i - 1] for i in range(first, len(ends))]
+    times = [ends[i] - ends[i - 1] for i in range(first, len(ends))]
+    return times[:: sample.get("every", 1)] + sample.get("times_s", [])
+
+
+def short_run(steps: int, warmup: int, use: str) -> str:
+    """Why ``steps`` optimizer steps gave no step time, and what to ``use`` instead (formatted
+    with the warm-up ``w`` and the steps ``s`` after it that would measure them)."""
+    if steps < 2:
+        return "it ran 1 optimizer step: a step time needs two (from the previous step's end)"
+    w, fits = steps // 4, f"its {steps} optimizer steps all fell in the warm-up of {warmup}"
+    return f"{fits}: no step was measured; use {use.format(w=w, s=steps - w)}"
 
 
 def figures(report: Mapping[str, Any]) -> Figures:
@@ -73,10 +85,6 @@ def report_rank(report: Mapping[str, Any]) -> int | None:
     return global_rank(report.get("rank") or {})
 
 
-def _or(value: object, default: object) -> object:
-    return default if value is None else value
-
-
 def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     """Ranks whose step count or setting differ from rank 0's, or whose step time does by >20%."""
     main = primary(reports)
@@ -86,7 +94,8 @@ def rank_flags(reports: Sequence[Mapping[str, Any]]) -> list[str]:
     for report in reports:
         if report is main:
             continue
-        fig, who = figures(report), f"rank {_or(report_rank(report), report.get('pid'))}"
+        rank = report_rank(report)
+        fig, who = figures(report), f"rank {report.get('pid') if rank is None else rank}"
         if fig["steps"] != ref["steps"]:
             flags.append(f"{who}: {fig['steps']} steps (rank 0: {ref['steps']})")
         if fig["expandable_segments"] != ref["expandable_segments"]:
@@ -166,11 +175,10 @@ def verdict(arms: Mapping[str, Sequence[Figures]], a: str = "on", b: str = "off"
     if not any(r.get("cuda") for r in [*ok_on, *ok_off]):
         return (
             "no comparison: the command ran on the CPU, where the CUDA allocator option "
-            "does nothing; "
-            "this run checked the plumbing only, figures need a GPU"
+            "does nothing; this run checked the plumbing only, figures need a GPU"
         )
     if not any(r.get("measured_steps") for r in [*ok_on, *ok_off]):
-        return "no optimizer step was seen: step times are not compared, only memory is"
+        return "no step was measured (see the notes): step times are not compared, only memory is"
     meds_a = [r["step_ms_median"] for r in ok_on if r.get("step_ms_median")]
     meds_b = [r["step_ms_median"] for r in ok_off if r.get("step_ms_median")]
     ratio = statistics.median(meds_a) / statistics.median(meds_b)
@@ -306,11 +314,8 @@ def applied_text(decision: Mapping[str, Any]) -> str:
     step = decision.get("at_step")
     if how != "runtime setter" or not isinstance(step, int):
         return f"{rule} {_at(when)}, {way}"
-    steps = (
-        "before any optimizer step"
-        if step == 0
-        else (f"after {step} optimizer step{'' if step == 1 else 's'}")
-    )
+    steps = f"after {step} optimizer step{'' if step == 1 else 's'}"
+    steps = steps if step else "before any optimizer step"
     return f"{rule} {_at(when)}, {way}, {steps}"
 
 
@@ -324,8 +329,7 @@ def _decision_cell(decision: Mapping[str, Any]) -> str:
     if decision.get("how") == "environment":
         return f"{what} (environment, before torch started)"
     if decision.get("how") == "runtime setter":
-        step = decision.get("at_step")
-        return f"{what} (runtime setter at {decision.get('when')}, step {step})"
+        return f"{what} (runtime setter at {decision.get('when')}, step {decision.get('at_step')})"
     return what
 
 
@@ -364,12 +368,19 @@ def render_reports(reports: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _signal_lines(reports: Sequence[Mapping[str, Any]]) -> list[str]:
-    """One line per process that survived a signal and went on (its report covers it all)."""
+    """One line per process that survived a signal and went on (its report covers it all),
+    that left no final report, or whose steps gave no step time (and what to set)."""
     out = []
     for report in reports:
         caught = [s for s in report.get("signals") or () if isinstance(s, dict)]
+        who = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
         if caught and report.get("ended_by") == "exit":
             got = ", ".join(f"{s.get('signal')} at step {s.get('at_step')}" for s in caught)
-            who = cut_left(os.path.basename(str(report.get("file", report.get("pid", "?")))))
             out.append(f"{who}: went on after {got}; its report covers the whole run")
+        if report.get("ended_by") == "running":
+            out.append(f"{who}: no final report (the process ended without a normal exit, e.g. "
+                       "os._exit or SIGKILL, or runs still): figures up to its last interim one")
+        if report.get("steps") and not step_times(report):
+            warmup, use = int(report.get("warmup") or 0), "AUTOALLOC_REPORT_WARMUP={w}"
+            out.append(f"{who}: {short_run(report['steps'], warmup, use)}")
     return out
