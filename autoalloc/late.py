@@ -44,11 +44,11 @@ def retire(found) -> None:
         sys.meta_path = [f for f in sys.meta_path if f is not found]
 
 
-def forget(name: str) -> None:
-    """``name`` needs no more watching; the watcher goes once nothing is left to watch."""
+def forget(*names: str) -> None:
+    """``names`` need no more watching; the watcher goes once nothing is left to watch."""
     found = watcher()
     if found is not None:
-        found.names.discard(name)
+        found.names.difference_update(names)
         if not found.names:
             retire(found)
 
@@ -90,20 +90,9 @@ class Late:
     def executed(self, name: str) -> None:
         """A watched module other than torch has executed: a trigger decides again."""
         found = watcher()
-        if found is None:
-            return
-        if name in self.evidence_only:
-            found.names.discard(name)
-        else:
+        if found is not None and name not in self.evidence_only:
             self.trigger(found, name)
-        self.settle(found)
-
-    def settle(self, found, done: bool = False) -> None:
-        """Off ``sys.meta_path`` once nothing is left to watch (``done``: nothing ever is)."""
-        if done:
-            found.names.clear()
-        if not found.names:
-            retire(found)
+        forget(name)
 
     def trigger(self, found, name: str) -> None:
         """Module ``name`` was really imported: decide again with it counted as imported."""
@@ -171,15 +160,13 @@ class Late:
         imported = self.evidence(sys._getframe(1))
         plan = state.plan
         state.plan = self.decide(lambda now: plan.after_training(os.environ, imported, True, now))
-        if state.plan.decision.action == "none":
+        if state.plan.decision.action != "none":
+            self.commit(state.plan.decision, "first optimizer")
+            if state.adaptive is not None and segments_on(state.plan.decision):
+                state.adaptive.stop()  # nothing left to notice
             if found is not None:
-                self.settle(found)
-            return
-        self.commit(state.plan.decision, "first optimizer")
-        if state.adaptive is not None and segments_on(state.plan.decision):
-            state.adaptive.stop()  # nothing left to notice
-        if found is not None:
-            self.settle(found, done=True)
+                found.names.clear()  # nothing left to watch
+        forget()
 
     def evidence(self, frame: FrameType | None) -> frozenset[str]:
         """The modules the decision counts at the first optimizer: every module the program
