@@ -277,8 +277,8 @@ def own_files(
 
 def own_named(names: Iterable[str], modules: Mapping[str, object], entry: object) -> set[str]:
     """Of ``names``, those whose top-level module is the program's own, not the library of the
-    same name: a module or package that lies in the script's folder or the working directory
-    (an own ``tgt.py`` is not the TextGrid library)."""
+    same name: a module file that lies in the script's folder or the working directory (an
+    own ``tgt.py`` is not the TextGrid library). A package there may be a library's copy."""
     where = {os.path.dirname(getattr(entry, "path", "") or "")}
     try:
         where.add(os.getcwd())
@@ -294,10 +294,12 @@ def own_named(names: Iterable[str], modules: Mapping[str, object], entry: object
     return out
 
 
-def local(path: str) -> str:
-    """The folder a module file is imported from: a package's parent, a module's own."""
-    folder = os.path.dirname(os.path.abspath(path))
-    return os.path.dirname(folder) if os.path.basename(path) == "__init__.py" else folder
+def local(path: str) -> str | None:
+    """The folder a module file is imported from; None for a package (a library's copy may
+    be one: only a module file is surely the program's own)."""
+    if os.path.basename(path) == "__init__.py":
+        return None
+    return os.path.dirname(os.path.abspath(path))
 
 
 def attributes(names: Iterable[str], modules: Mapping[str, object]) -> set[str]:
