@@ -124,9 +124,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if args.into_pyproject:
         return _init_pyproject(os.getcwd())
     if args.user:
-        from autoalloc import configdirs
+        from autoalloc import layercache
 
-        return _write_starter(configdirs.user_path(), starter("user"))
+        return _write_starter(layercache.user_path(), starter("user"))
     path = os.path.join(os.getcwd(), "autoalloc.toml")
     if os.path.lexists(path):
         return _refuse(f"{path} exists; not overwriting it")
