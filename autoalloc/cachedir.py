@@ -1,22 +1,18 @@
-"""autoalloc's cache directory and the files autoalloc writes in it, and nothing else.
+"""autoalloc's cache directory, and the files autoalloc writes in it: nothing else is touched.
 
-It is ``$XDG_CACHE_HOME/autoalloc`` (else ``~/.cache/autoalloc``) on POSIX systems, reached
-from its base one name at a time: each directory must belong to this user (the effective
-uid: root whose ``HOME`` is a user's, as under ``sudo -E``, is refused), a symbolic link is
-followed only when it is this user's in a directory nobody else can write, and the last one
-must be writable by nobody else. What is missing below the base is made with mode 0700
-whatever the umask (a missing ``XDG_CACHE_HOME`` too, ``HOME`` never). Every file is then
-opened relative to the descriptor so checked, never by path.
-
-It is autoalloc's only when marked so: autoalloc writes a ``CACHEDIR.TAG``
-(https://bford.info/cachedir/) in it, and a directory without one that holds anything but
-autoalloc's own files (a clone of some project at ``$XDG_CACHE_HOME/autoalloc``) is refused
-(``describe`` says why). A file is autoalloc's when its name has the form of an entry,
-``KIND-XXXXXXXX.pickle``, or of one being written, ``NAME.PID.tmp``, and its bytes begin with
-``MAGIC``: only such files are read, replaced, tidied away or cleared, whatever else the
-directory holds. ``layercache`` decides what is stored; ``ab`` and ``bench`` keep their runs
-in subdirectories (``make_subdir``). Imports only what every Python process has loaded
-before ``site`` runs.
+``$XDG_CACHE_HOME/autoalloc`` (else ``~/.cache/autoalloc``) on POSIX systems, reached from its
+base one name at a time: each directory must belong to this user (the effective uid: root
+whose ``HOME`` is a user's, as under ``sudo -E``, is refused), a symbolic link is followed only
+when it is this user's in a directory nobody else can write, and the last one must be
+writable by nobody else. What is missing below the base is made 0700 whatever the umask (a
+missing ``XDG_CACHE_HOME`` too, ``HOME`` never); files are opened relative to the checked
+descriptor, never by path. The directory is autoalloc's when its ``CACHEDIR.TAG``
+(https://bford.info/cachedir/) says it is a cache, or when it holds nothing but autoalloc's
+files (it is then tagged); any other (a clone of some project there) is refused, and
+``describe`` says why. A file is autoalloc's when named ``KIND-XXXXXXXX.pickle`` (an entry)
+or ``NAME.PID.tmp`` (one being written) AND beginning with ``MAGIC``: only such files are
+replaced, tidied away or cleared. ``layercache`` decides what is stored; ``ab`` and ``bench``
+keep their runs in subdirectories. Imports only what every process has loaded before ``site``.
 """
 
 from __future__ import annotations
@@ -39,9 +35,6 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _BASE_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 _DIR_FLAGS = _BASE_FLAGS | _NOFOLLOW
 _OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
-# The directory this process checked, by path: (device, inode). A later use opens the path
-# and checks that it is that same directory, still private.
-_CHECKED: dict[str, tuple[int, int]] = {}
 
 
 class Refused(OSError):
@@ -61,42 +54,27 @@ def location(env: Mapping[str, str] = os.environ) -> tuple[str, tuple[str, ...]]
 
 
 def open_dir(create: bool, env: Mapping[str, str] = os.environ) -> int:
-    """A descriptor of the cache directory, checked; raises Refused, or OSError (missing
-    when not ``create``, unreadable)."""
+    """A descriptor of the cache directory, checked at each use (a few system calls); raises
+    Refused, or OSError (missing when not ``create``, unreadable)."""
     where = location(env)
     if where is None:
         raise Refused("no cache directory: neither XDG_CACHE_HOME nor HOME is an absolute path")
     base, names = where
-    path = os.path.join(base, *names)
-    known = _CHECKED.get(path)
-    if known is not None:
-        try:
-            fd = os.open(path, _DIR_FLAGS)
-        except OSError:
-            fd = -1
-        if fd >= 0:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) == known and safefile.is_private(st):
-                return fd
-            os.close(fd)
-    fd = _walk_below(base, names, create, xdg=names == ("autoalloc",))
+    fd = _walk(base, names, create, xdg=names == ("autoalloc",))
     try:
-        if _claim(fd, path, create):  # else checked again at the next use, until tagged
-            st = os.fstat(fd)
-            _CHECKED[path] = (st.st_dev, st.st_ino)
+        _claim(fd, os.path.join(base, *names))
     except BaseException:
         os.close(fd)
         raise
     return fd
 
 
-def _claim(fd: int, path: str, create: bool) -> bool:
+def _claim(fd: int, path: str) -> None:
     """Use the directory ``fd`` only when its ``CACHEDIR.TAG`` says it is a cache, or when it
-    holds nothing but autoalloc's files (then tag it, when ``create``); else raise Refused.
-    Whether it is tagged."""
+    holds nothing but autoalloc's files (then tag it); else raise Refused."""
     try:
         if safefile.read(TAG, 4096, dir_fd=fd, nofollow=True)[0].startswith(SIGNATURE):
-            return True
+            return
     except OSError:  # absent, or not a file: look at what the directory holds
         pass
     others = sorted(name for name in os.listdir(fd) if _ours(name, fd) is None)
@@ -106,45 +84,43 @@ def _claim(fd: int, path: str, create: bool) -> bool:
             f"{path} was not made by autoalloc (no {TAG}) and holds other files ({shown}): "
             f"autoalloc keeps no cache there; move them, or set XDG_CACHE_HOME elsewhere"
         )
-    if create:
-        text = SIGNATURE + b"\n# autoalloc's cache: https://bford.info/cachedir/\n"
+    try:
+        _write_new(fd, TAG, SIGNATURE + b"\n# autoalloc's cache: https://bford.info/cachedir/\n")
+    except OSError:  # another process tagged it meanwhile, a read-only disk: used as it is
+        pass
+
+
+def run_dir(kind: str, env: Mapping[str, str] = os.environ) -> str:
+    """A new directory for one run of ``ab`` or ``bench`` (``kind``) when ``--out`` is not
+    given, e.g. ``~/.cache/autoalloc/ab/20261201-153012-k2j4``: in the cache directory, made
+    0700 and checked as it is; else in the temporary directory. Never inside the project."""
+    import tempfile
+    import time
+
+    try:
+        fd = open_dir(True, env)
         try:
-            _write_new(fd, TAG, text, 0o644)
-        except FileExistsError:  # another process tagged it meanwhile
-            pass
-    return create
+            root, names = location(env) or ("", ())
+            base = os.path.join(root, *names, kind)
+            os.close(_step(fd, kind, base, True, private=True))
+        finally:
+            os.close(fd)
+    except OSError:  # no cache directory of ours (HOME unreachable, another user's): /tmp
+        base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
 
 
-def make_subdir(name: str, env: Mapping[str, str] = os.environ) -> str:
-    """The path of the directory ``name`` in the cache directory (``ab``'s, ``bench``'s
-    runs), made 0700 when missing and checked as the cache directory is; raises Refused or
-    OSError."""
-    fd = open_dir(True, env)
-    base, names = location(env) or ("", ())
-    path = os.path.join(base, *names, name)
-    try:
-        os.close(_step(fd, name, path, True, private=True))
-    finally:
-        os.close(fd)
-    return path
-
-
-def _walk_below(base: str, names: tuple[str, ...], create: bool, xdg: bool) -> int:
-    """``_walk``, where a missing ``base`` that is ``XDG_CACHE_HOME`` (``xdg``) is made as the
-    rest is, mode 0700, when ``create`` (``HOME`` is never made)."""
-    try:
-        return _walk(base, names, create)
-    except FileNotFoundError:
-        parent = os.path.dirname(base)
-        if not (create and xdg) or parent == base:
-            raise
-        return _walk(parent, (os.path.basename(base), *names), create)
-
-
-def _walk(base: str, names: tuple[str, ...], create: bool) -> int:
+def _walk(base: str, names: tuple[str, ...], create: bool, xdg: bool) -> int:
     """Open ``base`` then each of ``names`` below it, each checked, creating what is missing
-    (mode 0700) when ``create``; the last must be private. Returns its descriptor."""
-    fd = _owned(os.open(base, _BASE_FLAGS), base)  # HOME itself may be a link (/home -> ...)
+    (mode 0700) when ``create``, and ``base`` too when it is ``XDG_CACHE_HOME`` (``xdg``); the
+    last must be private. Returns its descriptor."""
+    try:
+        fd = _owned(os.open(base, _BASE_FLAGS), base)  # HOME itself may be a link (/home -> ..)
+    except FileNotFoundError:
+        if not (create and xdg) or os.path.dirname(base) == base:
+            raise
+        base, names = os.path.dirname(base), (os.path.basename(base), *names)
+        fd = _owned(os.open(base, _BASE_FLAGS), base)
     where = base
     try:
         for i, name in enumerate(names):
@@ -202,14 +178,14 @@ def _owned(fd: int, where: str) -> int:
 
 def read(name: str) -> bytes:
     """What the entry ``name`` holds after ``MAGIC``, when it is a regular file of this user
-    that nobody else can write; raises OSError or ValueError (not autoalloc's)."""
+    that nobody else can write; raises OSError or ValueError (not autoalloc's alone)."""
     fd = open_dir(create=False)
     try:
-        data = safefile.read(name, MAX_BYTES, dir_fd=fd, nofollow=True, private=True)[0]
+        data, st = safefile.read(name, MAX_BYTES, dir_fd=fd, nofollow=True)
     finally:
         os.close(fd)
-    if not data.startswith(MAGIC):
-        raise ValueError(f"{name} is not an entry of autoalloc's")
+    if st.st_uid != os.geteuid() or st.st_mode & _OTHERS_WRITE or not data.startswith(MAGIC):
+        raise ValueError(f"{name} is not autoalloc's alone")
     return data[len(MAGIC) :]
 
 
@@ -230,7 +206,7 @@ def write(name: str, data: bytes) -> None:
             new = True
         temp = f"{name}.{os.getpid()}{TEMP}"
         try:
-            _write_new(fd, temp, MAGIC + data, 0o600)
+            _write_new(fd, temp, MAGIC + data)
             os.replace(temp, name, src_dir_fd=fd, dst_dir_fd=fd)
         except BaseException:
             _unlink(temp, fd)
@@ -241,10 +217,11 @@ def write(name: str, data: bytes) -> None:
         os.close(fd)
 
 
-def _write_new(where: int, name: str, data: bytes, mode: int) -> None:
-    """A new file ``name`` in ``where`` holding ``data``; FileExistsError when there is one."""
+def _write_new(where: int, name: str, data: bytes) -> None:
+    """A new file ``name`` (0600) in ``where`` holding ``data``; FileExistsError when there
+    is one."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-    fd = os.open(name, flags, mode, dir_fd=where)
+    fd = os.open(name, flags, 0o600, dir_fd=where)
     try:
         view = memoryview(data)
         while view:
@@ -273,12 +250,11 @@ def _ours(name: str, where: int) -> os.stat_result | None:
         return None
     try:
         st = os.fstat(fd)
-        ours = stat.S_ISREG(st.st_mode) and os.read(fd, len(MAGIC)) == MAGIC
+        return st if stat.S_ISREG(st.st_mode) and os.read(fd, len(MAGIC)) == MAGIC else None
     except OSError:
-        ours = False
+        return None
     finally:
         os.close(fd)
-    return st if ours else None
 
 
 def files(where: int) -> list[tuple[str, os.stat_result]]:

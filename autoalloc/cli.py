@@ -378,11 +378,10 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
 
 
 def default_ab_out() -> str:
-    """A new private directory for one ``ab`` run under the user's cache directory
-    (``autoalloc.ab.outdir``)."""
-    from autoalloc.ab.outdir import private_run_dir
+    """A new private directory for one ``ab`` run under autoalloc's cache directory."""
+    from autoalloc import cachedir
 
-    return private_run_dir("ab")
+    return cachedir.run_dir("ab")
 
 
 def _ab_usage_error(args: argparse.Namespace) -> str | None:

@@ -1,26 +1,18 @@
-"""What autoalloc remembers across processes: validated policy layers, so that an unchanged
-file is not parsed again, and platformdirs' answer for the site and user config files.
+"""What autoalloc remembers across processes (``get``, ``put``): each policy layer validated,
+by the exact bytes of its file, and platformdirs' answer for the site and user config files.
 
-Every process that imports torch reads the policy; parsing TOML in pure Python and validating
-every rule costs more than the rest of the decision, and the files hardly ever change; so
-does importing platformdirs and asking it where the config files are. This module keeps,
-per layer file, the validated result together with the exact bytes it came from: a process
-still reads each file as before (the same checks on the same descriptor), and uses the
-cached result only when the bytes are identical, so a stale entry cannot be used whatever
-the file's time stamps say. ``get`` and ``put`` serve any kind of value (``kind`` names it).
-
-Where and how entries are kept is ``cachedir``'s (a directory of this user's alone, entries
-written aside and renamed over, kept small, only autoalloc's own files touched). What this
-module adds: an entry is used only when it unpickles with an unpickler that builds nothing
-but the record classes its caller names (a foreign, corrupt or tampered entry is ignored,
-silently, and the allocator values of a rule are checked again where they are used:
-``policy``), and only when it was written by the same code for the same key.
-
-The hook enables it (``enable()``, at ``import torch``); ``explain``, ``check`` and the other
-commands read the files as they are. An entry is also keyed by the identity of autoalloc's
-files (so an upgrade or an edit of the package starts afresh) and the Python version; its
-file is named by what it is for and by where that code lies, so two environments sharing a
-``HOME`` keep an entry each, and an upgrade replaces its own.
+Every process that imports torch reads the policy; parsing TOML in pure Python, validating
+every rule and asking platformdirs cost more than the rest of the decision, and the answers
+hardly ever change. A process still reads each file as before (the same checks on the same
+descriptor) and uses the stored value only when the bytes are identical, so a stale entry
+cannot be used whatever the file's time stamps say. An entry is used only when it unpickles
+with an unpickler that builds nothing but the record classes its caller names (a foreign,
+corrupt or tampered entry is ignored, silently; a rule's allocator values are checked again
+where they are used: ``policy``). It is keyed by the identity of autoalloc's files (an
+upgrade or an edit starts afresh) and the Python version, and named by what it is for and
+where that code lies (two environments sharing a ``HOME`` keep one each, an upgrade replaces
+its own). Where and how the files are kept: ``cachedir``. The hook enables it (``enable()``,
+at ``import torch``); the commands read the policy files as they are.
 """
 
 from __future__ import annotations
@@ -29,7 +21,6 @@ import os
 import pickle
 import sys
 import zlib
-from collections.abc import Callable
 
 from autoalloc import cachedir
 
@@ -37,7 +28,7 @@ FORMAT = 1
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
 _CODE_IDENTITY: list[str] = []
-_PACKAGES: dict[str, tuple] = {}
+_PLATFORMDIRS: list[tuple] = []  # the identity of the installed platformdirs' files
 
 
 def enable() -> None:
@@ -102,11 +93,8 @@ def get(kind: str, key: tuple, data: object, records: tuple[type, ...] = ()) -> 
     try:
         full = (kind, *key, _code_identity())
         stored = _loads(cachedir.read(_name(full)), records)
-        if not isinstance(stored, tuple) or len(stored) != 3:
-            return None
-        if stored[0] != full or stored[1] != data:
-            return None
-        return stored[2]
+        usable = isinstance(stored, tuple) and len(stored) == 3 and stored[:2] == (full, data)
+        return stored[2] if usable else None
     except Exception:  # absent, unreadable, corrupt, foreign, refused: no cache
         return None
 
@@ -125,62 +113,52 @@ def put(kind: str, key: tuple, data: object, value: object, records: tuple[type,
 
 
 def site_path() -> str:
-    return _remembered("site", _site_path)
+    """The site config file (platformdirs' ``site_config_dir``), remembered."""
+    return _config_path("site")
 
 
 def user_path() -> str:
-    return _remembered("user", _user_path)
+    """The user config file (platformdirs' ``user_config_dir``), remembered."""
+    return _config_path("user")
 
 
-def _site_path() -> str:
-    import platformdirs
-
-    return os.path.join(platformdirs.site_config_dir("autoalloc"), "config.toml")
-
-
-def _user_path() -> str:
-    import platformdirs
-
-    return os.path.join(platformdirs.user_config_dir("autoalloc"), "config.toml")
-
-
-def _remembered(kind: str, locate: Callable[[], str]) -> str:
-    """``locate()``, remembered by what it depends on: the environment variables it reads,
-    the user, the platform and the installed platformdirs (whose import and answer cost
-    more, in every process that imports torch, than reading the answer back)."""
-    if not _ENABLED:
-        return locate()
-    env = os.environ
+def _config_path(layer: str) -> str:
+    """platformdirs' answer, remembered by what it depends on: the environment variables it
+    reads, the user, the platform and the installed platformdirs' files (looked up once per
+    process, without importing it)."""
+    key: tuple = ()
     try:
         names = ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS")
-        key = (*(env.get(n) for n in names), os.getuid(), os.geteuid(), sys.platform,
-               _package_files("platformdirs"))  # fmt: skip
-    except Exception:
-        return locate()
-    hit = get(f"{kind}-dir", key, None)
+        key = (*(os.environ.get(n) for n in names), os.getuid(), os.geteuid(), sys.platform,
+               _platformdirs()) if _ENABLED else ()  # fmt: skip
+    except Exception:  # no cache
+        pass
+    hit = get(f"{layer}-dir", key, None) if key and key[-1] else None
     if isinstance(hit, str):
         return hit
-    path = locate()
-    if key[-1]:
-        put(f"{kind}-dir", key, None, path)
+    import platformdirs
+
+    where = platformdirs.site_config_dir if layer == "site" else platformdirs.user_config_dir
+    path = os.path.join(where("autoalloc"), "config.toml")
+    if key and key[-1]:
+        put(f"{layer}-dir", key, None, path)
     return path
 
 
-def _package_files(name: str) -> tuple:
-    """The identity of an installed package's ``__init__.py`` and ``version.py`` (an upgrade
-    rewrites them), found without importing it; looked up once per process (the site and
-    the user config directories both depend on platformdirs)."""
-    if name not in _PACKAGES:
+def _platformdirs() -> tuple:
+    """The identity of platformdirs' ``__init__.py`` and ``version.py`` (an upgrade rewrites
+    them); () when it is not found."""
+    if not _PLATFORMDIRS:
         from importlib.machinery import PathFinder
 
-        origin = getattr(PathFinder.find_spec(name), "origin", None)
+        origin = getattr(PathFinder.find_spec("platformdirs"), "origin", None) or ""
+        paths = (origin, os.path.join(os.path.dirname(origin), "version.py"))
         found = []
-        if origin and os.path.isabs(origin):
-            for path in (origin, os.path.join(os.path.dirname(origin), "version.py")):
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue
-                found.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
-        _PACKAGES[name] = tuple(found)
-    return _PACKAGES[name]
+        for path in paths if os.path.isabs(origin) else ():
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            found.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+        _PLATFORMDIRS.append(tuple(found))
+    return _PLATFORMDIRS[0]

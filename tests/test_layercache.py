@@ -358,7 +358,6 @@ def enabled(monkeypatch, tmp_path) -> Path:
 
     monkeypatch.setattr(layercache, "_ENABLED", [True])
     monkeypatch.setattr(sources, "_LAYERS", {})
-    monkeypatch.setattr(cachedir, "_CHECKED", {})
     return tmp_path / "autoalloc"
 
 
@@ -402,7 +401,6 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
 
     monkeypatch.setenv("HOME", str(sandbox.home))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(cachedir, "_CHECKED", {})
     old = os.umask(0o002)
     try:
         out = Path(cli.default_ab_out())
@@ -563,7 +561,6 @@ def test_a_directory_autoalloc_did_not_make_is_not_its_cache(sandbox, monkeypatc
     assert _files(clone) == before
     monkeypatch.setenv("HOME", str(sandbox.home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(sandbox.home))
-    monkeypatch.setattr(cachedir, "_CHECKED", {})
     assert cli.main(["cache"]) == 1
     out = capsys.readouterr().out
     assert "not made by autoalloc (no CACHEDIR.TAG)" in out and "experiment-results.pickle" in out
@@ -580,7 +577,6 @@ def test_a_directory_holding_only_its_entries_is_tagged_and_used(enabled: Path) 
     layercache.put("layer", ("user", "/u/config.toml"), b"x", ("found", 1))
     assert (enabled / "CACHEDIR.TAG").read_bytes().startswith(SIGNATURE)
     (enabled / "CACHEDIR.TAG").unlink()
-    cachedir._CHECKED.clear()
     assert layercache.get("layer", ("user", "/u/config.toml"), b"x") == ("found", 1)
     layercache.put("layer", ("user", "/w/config.toml"), b"x", ("found", 3))
     assert (enabled / "CACHEDIR.TAG").exists() and len(list(enabled.glob("*.pickle"))) == 2
