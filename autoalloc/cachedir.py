@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 from autoalloc import safefile
 
-MAGIC = b"autoalloc cache entry\n"  # what each file autoalloc writes here begins with
+MAGIC = b"autoalloc-cache-entry\n"  # what each file autoalloc writes here begins with
 TAG, SIGNATURE = "CACHEDIR.TAG", b"Signature: 8a477f597d28d172789f06886806bc55"
 MAX_BYTES = 64 << 20
 SUFFIX, TEMP = ".pickle", ".tmp"  # an entry, and one being written
@@ -54,15 +54,22 @@ def location(env: Mapping[str, str] = os.environ) -> tuple[str, tuple[str, ...]]
 
 
 def open_dir(create: bool, env: Mapping[str, str] = os.environ) -> int:
-    """A descriptor of the cache directory, checked at each use (a few system calls); raises
-    Refused, or OSError (missing when not ``create``, unreadable)."""
+    """A descriptor of the cache directory, checked as the module says at each use (a few
+    system calls); raises Refused, or OSError (missing when not ``create``, unreadable)."""
     where = location(env)
     if where is None:
         raise Refused("no cache directory: neither XDG_CACHE_HOME nor HOME is an absolute path")
     base, names = where
-    fd = _walk(base, names, create, xdg=names == ("autoalloc",))
+    if create and names == ("autoalloc",) and not os.path.lexists(base):  # HOME is never made
+        base, names = os.path.dirname(base), (os.path.basename(base), *names)
+    fd = _owned(os.open(base, _BASE_FLAGS), base)  # HOME itself may be a link (/home -> ...)
     try:
-        _claim(fd, os.path.join(base, *names))
+        for i, name in enumerate(names):
+            base = os.path.join(base, name)
+            sub = _step(fd, name, base, create, private=i == len(names) - 1)
+            os.close(fd)
+            fd = sub
+        _claim(fd, base)
     except BaseException:
         os.close(fd)
         raise
@@ -80,10 +87,8 @@ def _claim(fd: int, path: str) -> None:
     others = sorted(name for name in os.listdir(fd) if _ours(name, fd) is None)
     if others:
         shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
-        raise Refused(
-            f"{path} was not made by autoalloc (no {TAG}) and holds other files ({shown}): "
-            f"autoalloc keeps no cache there; move them, or set XDG_CACHE_HOME elsewhere"
-        )
+        raise Refused(f"{path} was not made by autoalloc (no {TAG}) and holds other files "
+                      f"({shown}): no cache there; move them, or set XDG_CACHE_HOME elsewhere")
     try:
         _write_new(fd, TAG, SIGNATURE + b"\n# autoalloc's cache: https://bford.info/cachedir/\n")
     except OSError:  # another process tagged it meanwhile, a read-only disk: used as it is
@@ -108,30 +113,6 @@ def run_dir(kind: str, env: Mapping[str, str] = os.environ) -> str:
     except OSError:  # no cache directory of ours (HOME unreachable, another user's): /tmp
         base = tempfile.gettempdir()
     return tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=base)
-
-
-def _walk(base: str, names: tuple[str, ...], create: bool, xdg: bool) -> int:
-    """Open ``base`` then each of ``names`` below it, each checked, creating what is missing
-    (mode 0700) when ``create``, and ``base`` too when it is ``XDG_CACHE_HOME`` (``xdg``); the
-    last must be private. Returns its descriptor."""
-    try:
-        fd = _owned(os.open(base, _BASE_FLAGS), base)  # HOME itself may be a link (/home -> ..)
-    except FileNotFoundError:
-        if not (create and xdg) or os.path.dirname(base) == base:
-            raise
-        base, names = os.path.dirname(base), (os.path.basename(base), *names)
-        fd = _owned(os.open(base, _BASE_FLAGS), base)
-    where = base
-    try:
-        for i, name in enumerate(names):
-            where = os.path.join(where, name)
-            sub = _step(fd, name, where, create, private=i == len(names) - 1)
-            os.close(fd)
-            fd = sub
-        return fd
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _step(parent: int, name: str, where: str, create: bool, private: bool) -> int:
@@ -197,13 +178,9 @@ def write(name: str, data: bytes) -> None:
         return
     fd = open_dir(create=True)
     try:
-        try:
-            os.stat(name, dir_fd=fd, follow_symlinks=False)
-            if _ours(name, fd) is None:
-                return  # someone else's file by that name: left as it is
-            new = False
-        except FileNotFoundError:
-            new = True
+        new = name not in os.listdir(fd)
+        if not new and _ours(name, fd) is None:
+            return  # someone else's file by that name: left as it is
         temp = f"{name}.{os.getpid()}{TEMP}"
         try:
             _write_new(fd, temp, MAGIC + data)
@@ -218,8 +195,7 @@ def write(name: str, data: bytes) -> None:
 
 
 def _write_new(where: int, name: str, data: bytes) -> None:
-    """A new file ``name`` (0600) in ``where`` holding ``data``; FileExistsError when there
-    is one."""
+    """A new file ``name`` (0600) in ``where`` holding ``data``; FileExistsError if present."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
     fd = os.open(name, flags, 0o600, dir_fd=where)
     try:
@@ -303,10 +279,9 @@ def describe(env: Mapping[str, str] = os.environ) -> dict:
         found = files(fd)
     finally:
         os.close(fd)
-    out["used"] = True
-    out["entries"] = sum(not name.endswith(TEMP) for name, _ in found)
-    out["temporary"] = len(found) - out["entries"]
-    out["bytes"] = sum(st.st_size for _, st in found)
+    entries = sum(not name.endswith(TEMP) for name, _ in found)
+    out.update(used=True, entries=entries, temporary=len(found) - entries,
+               bytes=sum(st.st_size for _, st in found))  # fmt: skip
     return out
 
 
@@ -321,6 +296,6 @@ def clear(env: Mapping[str, str] = os.environ) -> int:
         found = files(fd)
         for name, _ in found:
             _unlink(name, fd)
+        return len(found)
     finally:
         os.close(fd)
-    return len(found)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from autoalloc import sources
+from autoalloc import cachedir, sources
 from autoalloc.envvars import CONFIG_VAR
 from autoalloc.version import __version__
 
@@ -377,13 +377,6 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
     add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to measure")
 
 
-def default_ab_out() -> str:
-    """A new private directory for one ``ab`` run under autoalloc's cache directory."""
-    from autoalloc import cachedir
-
-    return cachedir.run_dir("ab")
-
-
 def _ab_usage_error(args: argparse.Namespace) -> str | None:
     if not args.command:
         return "no command: autoalloc ab [options] -- CMD ..."
@@ -425,7 +418,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ab_arms.ab_arms(command, now, os.environ, later)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
-    out = args.out or default_ab_out()
+    out = args.out or cachedir.run_dir("ab")
     print(f"ab: logs, reports and results go to {out} (--out to choose)", file=sys.stderr)
     steps, warmup, repeat = args.steps, max(1, args.warmup), args.repeat
     plan = runner.Plan(steps=steps, warmup=warmup, repeat=repeat, timeout=args.timeout, out=out)
@@ -444,8 +437,6 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from autoalloc import cachedir
-
     if args.clear:
         try:
             removed = cachedir.clear()

@@ -403,7 +403,7 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     old = os.umask(0o002)
     try:
-        out = Path(cli.default_ab_out())
+        out = Path(cachedir.run_dir("ab"))  # ab's output without --out
     finally:
         os.umask(old)
     cache_dir = sandbox.home / ".cache" / "autoalloc"
