@@ -542,8 +542,8 @@ def test_clear_eviction_and_tidying_touch_only_the_files_autoalloc_wrote(
 def test_a_directory_autoalloc_did_not_make_is_not_its_cache(sandbox, monkeypatch, capsys) -> None:
     """``XDG_CACHE_HOME=$HOME`` and a clone of some project at ``~/autoalloc``: ``import
     torch`` decides as without a cache and writes and removes nothing there (a stale
-    ``notes.tmp`` stays); ``autoalloc cache`` and ``doctor`` say why, ``--clear`` removes
-    nothing."""
+    ``notes.tmp`` stays), nor ``ab``; ``autoalloc cache`` and ``doctor`` say why,
+    ``--clear`` removes nothing."""
     from autoalloc import cli, doctor
 
     sandbox.user_policy(USER)
@@ -567,7 +567,10 @@ def test_a_directory_autoalloc_did_not_make_is_not_its_cache(sandbox, monkeypatc
     assert cli.main(["cache", "--clear"]) == 1
     assert "not cleared" in capsys.readouterr().err
     assert any("no CACHEDIR.TAG" in note for note in doctor._cache_notes())
-    assert _files(clone) == before
+    run = Path(cachedir.run_dir("ab"))  # nor does ab's output go there
+    assert clone not in run.parents
+    run.rmdir()
+    assert _files(clone) == before and not (clone / "ab").exists()
 
 
 def test_a_directory_holding_only_its_entries_is_tagged_and_used(enabled: Path) -> None:
