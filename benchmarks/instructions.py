@@ -405,7 +405,7 @@ def table(r: dict) -> str:
     def arm_row(label: str, res: dict, goal: float | None) -> None:
         pct = (res["ratio"] - 1) * 100
         judged = "" if goal is None else (" ok" if res["ratio"] - 1 <= goal else " **over**")
-        goal_text = "" if goal is None else f"<= +{goal:.0%}{judged}"
+        goal_text = "" if goal is None else f"<= +{goal * 100:g}%{judged}"
         rows.append(f"| {label} | {m(res['no_hook'])} | {m(res['hook'])} | "
                     f"{m(res['added'])} ({pct:+.2f}%) | {goal_text} |")  # fmt: skip
 
