@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from autoalloc import layerpaths, sources
+from autoalloc import cachedir, layerpaths, sources
 from autoalloc.envvars import CONFIG_VAR
 from autoalloc.version import __version__
 
@@ -124,9 +124,9 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if args.into_pyproject:
         return _init_pyproject(os.getcwd())
     if args.user:
-        from autoalloc import configdirs
+        from autoalloc import layercache
 
-        return _write_starter(configdirs.user_path(), starter("user"))
+        return _write_starter(layercache.user_path(), starter("user"))
     path = os.path.join(os.getcwd(), "autoalloc.toml")
     if os.path.lexists(path):
         return _refuse(f"{path} exists; not overwriting it")
@@ -378,14 +378,6 @@ def _ab_options(p: argparse.ArgumentParser) -> None:
     add("command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to measure")
 
 
-def default_ab_out() -> str:
-    """A new private directory for one ``ab`` run under the user's cache directory
-    (``autoalloc.ab.outdir``)."""
-    from autoalloc.ab.outdir import private_run_dir
-
-    return private_run_dir("ab")
-
-
 def _ab_usage_error(args: argparse.Namespace) -> str | None:
     if not args.command:
         return "no command: autoalloc ab [options] -- CMD ..."
@@ -427,7 +419,7 @@ def _cmd_ab(args: argparse.Namespace) -> int:
     arms = ab_arms.ab_arms(command, now, os.environ, later)
     for arm in arms:
         print(f"{arm.name}: {arm.how}", file=sys.stderr)
-    out = args.out or default_ab_out()
+    out = args.out or cachedir.run_dir("ab")
     print(f"ab: logs, reports and results go to {out} (--out to choose)", file=sys.stderr)
     steps, warmup, repeat = args.steps, max(1, args.warmup), args.repeat
     plan = runner.Plan(steps=steps, warmup=warmup, repeat=repeat, timeout=args.timeout, out=out)
@@ -446,8 +438,6 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from autoalloc import cachedir
-
     if args.clear:
         try:
             removed = cachedir.clear()

@@ -1,60 +1,39 @@
-"""Remember validated policy layers across processes, so an unchanged file is not parsed again.
+"""What autoalloc remembers across processes (``get``, ``put``): each policy layer validated,
+by the exact bytes of its file, and platformdirs' answer for the site and user config files.
 
-Every process that imports torch reads the policy; parsing TOML in pure Python and validating
-every rule costs more than the rest of the decision, and the files hardly ever change. This
-cache keeps, per layer file, the validated result together with the exact bytes it came
-from: a process still reads each file as before (the same checks on the same descriptor),
-and uses the cached result only when the bytes are identical, so a stale entry cannot be
-used whatever the file's time stamps say. ``configdirs`` keeps platformdirs' answers here too.
-
-As safe as the reading it replaces, and it never writes where another user has a say:
-
-- the entries live in the cache directory ``privatedir`` opens (this user's alone), each
-  opened relative to it, never by path (``cachedir`` shows it and clears it);
-- an entry is used only when it is owned by this user and writable by nobody else, a regular
-  file (not a link), and it unpickles with an unpickler that builds nothing but the record
-  classes its caller names: a foreign, corrupt or tampered entry is ignored, silently (and
-  the allocator values of a rule are checked again where they are used: ``policy``);
-- an entry is written to a temporary file in the same directory and renamed over the old
-  one, so ranks writing at once each write a whole file and the last one wins;
-- it stays small: a process that adds an entry removes temporary files older than
-  ``STALE_SECONDS`` (a writer killed before its rename) and, past ``MAX_ENTRIES``, the least
-  recently used quarter of the entries.
-
-The hook enables it (``enable()``, at ``import torch``); ``explain``, ``check`` and the other
-commands read the files as they are. An entry is also keyed by the identity of autoalloc's
-files (so an upgrade or an edit of the package starts afresh) and the Python version; its
-file is named by what it is for and by where that code lies, so two environments sharing a
-``HOME`` keep an entry each, and an upgrade replaces its own.
+Every process that imports torch reads the policy; parsing TOML in pure Python, validating
+every rule and asking platformdirs cost more than the rest of the decision, and the answers
+hardly ever change. A process still reads each file as before (the same checks on the same
+descriptor) and uses the stored value only when the bytes are identical, so a stale entry
+cannot be used whatever the file's time stamps say. An entry is used only when it unpickles
+with an unpickler that builds nothing but the record classes its caller names (a foreign,
+corrupt or tampered entry is ignored, silently; a rule's allocator values are checked again
+where they are used: ``policy``). It is keyed by the identity of autoalloc's files (an
+upgrade or an edit starts afresh) and the Python version, and named by what it is for and
+where that code lies (two environments sharing a ``HOME`` keep one each, an upgrade replaces
+its own). Where and how the files are kept: ``cachedir``. The hook enables it (``enable()``,
+at ``import torch``); the commands read the policy files as they are.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import stat
 import sys
 import zlib
 
-from autoalloc import privatedir, safefile
+from autoalloc import cachedir
 
 FORMAT = 1
-MAX_BYTES = 64 << 20
-SUFFIX, TEMP = ".pickle", ".tmp"  # an entry, and one being written
-MAX_ENTRIES = 128  # past this, a new entry evicts the least recently used quarter
-STALE_SECONDS = 600  # a temporary file this old lost its writer (entries take milliseconds)
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
 _CODE_IDENTITY: list[str] = []
+_PLATFORMDIRS: list[tuple] = []  # the identity of the installed platformdirs' files
 
 
 def enable() -> None:
     """Use the cache in this process (the hook calls it before deciding)."""
     _ENABLED[:] = [True]
-
-
-def enabled() -> bool:
-    return bool(_ENABLED)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -103,15 +82,7 @@ def _name(key: tuple) -> str:
     to them, and two environments sharing a HOME keep theirs."""
     what = (key[:-1], _HERE, sys.implementation.cache_tag)
     digest = zlib.crc32(repr(what).encode("utf-8", "surrogateescape"))
-    return f"{key[0]}-{digest:08x}{SUFFIX}"
-
-
-def _read(name: str) -> bytes:
-    where = privatedir.open_cache_dir(create=False)
-    try:
-        return safefile.read(name, MAX_BYTES, dir_fd=where, nofollow=True, private=True)[0]
-    finally:
-        os.close(where)
+    return f"{key[0]}-{digest:08x}{cachedir.SUFFIX}"
 
 
 def get(kind: str, key: tuple, data: object, records: tuple[type, ...] = ()) -> object | None:
@@ -121,12 +92,9 @@ def get(kind: str, key: tuple, data: object, records: tuple[type, ...] = ()) -> 
         return None
     try:
         full = (kind, *key, _code_identity())
-        stored = _loads(_read(_name(full)), records)
-        if not isinstance(stored, tuple) or len(stored) != 3:
-            return None
-        if stored[0] != full or stored[1] != data:
-            return None
-        return stored[2]
+        stored = _loads(cachedir.read(_name(full)), records)
+        usable = isinstance(stored, tuple) and len(stored) == 3 and stored[:2] == (full, data)
+        return stored[2] if usable else None
     except Exception:  # absent, unreadable, corrupt, foreign, refused: no cache
         return None
 
@@ -137,84 +105,60 @@ def put(kind: str, key: tuple, data: object, value: object, records: tuple[type,
         return
     try:
         full = (kind, *key, _code_identity())
-        name = _name(full)
         blob = pickle.dumps((full, data, value), protocol=4)
-        if len(blob) > MAX_BYTES or _loads(blob, records)[2] is None:  # what `get` reads back
-            return
-        where = privatedir.open_cache_dir(create=True)
-    except Exception:  # unpicklable, refused, read-only, missing: no cache
-        return
-    try:
-        new = not _exists(name, where)
-        _write(where, name, blob)
-        if new:  # rarely: the first process for a project, a HOME, an upgrade
-            _tidy(where)
-    except Exception:  # full, raced: no cache
-        pass
-    finally:
-        os.close(where)
-
-
-def _exists(name: str, where: int) -> bool:
-    try:
-        os.stat(name, dir_fd=where, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _write(where: int, name: str, blob: bytes) -> None:
-    """``name`` in the directory ``where`` holds ``blob``, whole (written aside, renamed)."""
-    temp = f"{name}.{os.getpid()}{TEMP}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(temp, flags | getattr(os, "O_CLOEXEC", 0), 0o600, dir_fd=where)
-    try:
-        try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
-        os.replace(temp, name, src_dir_fd=where, dst_dir_fd=where)
-    except BaseException:
-        unlink(temp, where)
-        raise
-
-
-def unlink(name: str, where: int) -> None:
-    try:
-        os.unlink(name, dir_fd=where)
-    except OSError:
+        if _loads(blob, records)[2] is not None:  # only what `get` reads back
+            cachedir.write(_name(full), blob)
+    except Exception:  # unpicklable, refused, read-only, full, raced: no cache
         pass
 
 
-def files(where: int) -> list[tuple[str, os.stat_result]]:
-    """The entries and temporary files of the directory ``where`` (nothing else in it)."""
-    out = []
-    for name in os.listdir(where):
-        if name.endswith((SUFFIX, TEMP)):
+def site_path() -> str:
+    """The site config file (platformdirs' ``site_config_dir``), remembered."""
+    return _config_path("site")
+
+
+def user_path() -> str:
+    """The user config file (platformdirs' ``user_config_dir``), remembered."""
+    return _config_path("user")
+
+
+def _config_path(layer: str) -> str:
+    """platformdirs' answer, remembered by what it depends on: the environment variables it
+    reads, the user, the platform and the installed platformdirs' files (looked up once per
+    process, without importing it)."""
+    key: tuple = ()
+    try:
+        names = ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS")
+        key = (*(os.environ.get(n) for n in names), os.getuid(), os.geteuid(), sys.platform,
+               _platformdirs()) if _ENABLED else ()  # fmt: skip
+    except Exception:  # no cache
+        pass
+    hit = get(f"{layer}-dir", key, None) if key and key[-1] else None
+    if isinstance(hit, str):
+        return hit
+    import platformdirs
+
+    where = platformdirs.site_config_dir if layer == "site" else platformdirs.user_config_dir
+    path = os.path.join(where("autoalloc"), "config.toml")
+    if key and key[-1]:
+        put(f"{layer}-dir", key, None, path)
+    return path
+
+
+def _platformdirs() -> tuple:
+    """The identity of platformdirs' ``__init__.py`` and ``version.py`` (an upgrade rewrites
+    them); () when it is not found."""
+    if not _PLATFORMDIRS:
+        from importlib.machinery import PathFinder
+
+        origin = getattr(PathFinder.find_spec("platformdirs"), "origin", None) or ""
+        paths = (origin, os.path.join(os.path.dirname(origin), "version.py"))
+        found = []
+        for path in paths if os.path.isabs(origin) else ():
             try:
-                st = os.stat(name, dir_fd=where, follow_symlinks=False)
-            except OSError:  # removed meanwhile
+                st = os.stat(path)
+            except OSError:
                 continue
-            if stat.S_ISREG(st.st_mode):
-                out.append((name, st))
-    return out
-
-
-def _tidy(where: int) -> None:
-    """Remove stale temporary files and, past ``MAX_ENTRIES``, the least recently used
-    entries (by access time where the file system keeps it, else by the time written)."""
-    import time
-
-    now = time.time()
-    entries = []
-    for name, st in files(where):
-        if not name.endswith(TEMP):
-            entries.append((max(st.st_atime, st.st_mtime), name))
-        elif now - st.st_mtime > STALE_SECONDS:
-            unlink(name, where)
-    if len(entries) > MAX_ENTRIES:
-        entries.sort()
-        for _, name in entries[: len(entries) - MAX_ENTRIES * 3 // 4]:
-            unlink(name, where)
+            found.append((path, st.st_size, st.st_mtime_ns, st.st_ino))
+        _PLATFORMDIRS.append(tuple(found))
+    return _PLATFORMDIRS[0]

@@ -2,7 +2,7 @@
 
 Functions of paths, like pytest's ``findpaths``: the built-in files beside this module
 (``wrappers.toml`` only for a command it may name: ``may_wrap``); the site and user files
-where ``configdirs`` says (``config_file``); the project search from the script's directory,
+where platformdirs says, as ``layercache`` remembers it (``config_file``); the project search from the script's directory,
 else the working directory (``project_start``), through ``PROJECT_FILES`` in each directory
 up to the root (``project_candidates``), an ``autoalloc.toml`` leaving the ``pyproject.toml``
 beside it unread (``beside``); another user's project file only below a trusted directory

@@ -21,7 +21,6 @@ OPEN_FLAGS = (
     | getattr(os, "O_CLOEXEC", 0)
 )
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
 class NotRegular(OSError):
@@ -36,22 +35,11 @@ class TooLarge(OSError):
     """More than the reader's limit."""
 
 
-class NotPrivate(OSError):
-    """Another user's, or writable by another user (asked for with ``private``)."""
-
-
-def is_private(st: os.stat_result) -> bool:
-    """Owned by this process's effective user and writable by nobody else."""
-    return st.st_uid == os.geteuid() and not st.st_mode & _OTHERS_WRITE
-
-
-def _check(st: os.stat_result, limit: int, want_private: bool) -> None:
+def _check(st: os.stat_result, limit: int) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise NotRegular(st.st_mode)
     if st.st_size > limit:
         raise TooLarge(f"larger than {limit} bytes")
-    if want_private and not is_private(st):
-        raise NotPrivate("not this user's alone")
 
 
 def read(
@@ -60,20 +48,18 @@ def read(
     *,
     dir_fd: int | None = None,
     nofollow: bool = False,
-    private: bool = False,
 ) -> tuple[bytes, os.stat_result]:
     """The bytes of the regular file ``path`` (relative to ``dir_fd`` when given) and the
     ``fstat`` of what was read. ``nofollow``: a symbolic link is refused (``OSError``).
 
-    Raises NotRegular, TooLarge, NotPrivate (when ``private``), or the ``OSError`` of the
-    ``stat``, ``open`` or ``read`` (``FileNotFoundError`` when absent); ``ValueError`` for a
-    path with a NUL character.
+    Raises NotRegular, TooLarge, or the ``OSError`` of the ``stat``, ``open`` or ``read``
+    (``FileNotFoundError`` when absent); ``ValueError`` for a path with a NUL character.
     """
-    _check(os.stat(path, dir_fd=dir_fd, follow_symlinks=not nofollow), limit, private)
+    _check(os.stat(path, dir_fd=dir_fd, follow_symlinks=not nofollow), limit)
     fd = os.open(path, OPEN_FLAGS | (_NOFOLLOW if nofollow else 0), dir_fd=dir_fd)
     try:
         st = os.fstat(fd)
-        _check(st, limit, private)
+        _check(st, limit)
         chunks, size = [], 0
         while size <= limit:
             chunk = os.read(fd, limit + 1 - size)

@@ -15,7 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from autoalloc import configdirs, layercache, layerpaths, messages, safefile, wrappers
+from autoalloc import layercache, layerpaths, messages, safefile, wrappers
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.envvars import CONFIG_VAR
 from autoalloc.globs import RulePatterns
@@ -381,8 +381,8 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
         table = builtin.config.wrappers + builtin_wrappers()
         builtin = replace(builtin, config=replace(builtin.config, wrappers=table))
     # 2. site and 3. user config files (platformdirs)
-    site = _config_dir_layer("site", configdirs.site_path)
-    user = _config_dir_layer("user", configdirs.user_path)
+    site = _config_dir_layer("site", layercache.site_path)
+    user = _config_dir_layer("user", layercache.user_path)
     # 5. AUTOALLOC_CONFIG is read before the project layer, although it ranks above it: its
     # trusted_dirs, like the user's and the site's, decide whether a project file owned by
     # another user may be used, so it must be known before the project search.

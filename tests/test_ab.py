@@ -361,13 +361,11 @@ def test_bench_output_goes_to_a_private_cache_directory_by_default(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """``autoalloc bench`` writes where ``ab`` does (never into the working directory)."""
-    from autoalloc import privatedir
     from autoalloc.bench import command
 
     (tmp_path / "home").mkdir()
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(privatedir, "_CHECKED", {})
     monkeypatch.chdir(tmp_path)
     args = command.parser().parse_args(["--check-settings"])
     assert args.out is None

@@ -262,7 +262,7 @@ def test_an_entry_an_older_autoalloc_wrote_is_ignored(monkeypatch, tmp_path) -> 
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setattr(layercache, "_ENABLED", [True])
-    monkeypatch.setattr(layercache, "_read", lambda path: OLD_PATTERNS)
+    monkeypatch.setattr(cachedir, "read", lambda name: OLD_PATTERNS)
     key = ("user", "/x/config.toml")
     assert layercache.get("layer", key, b"", sources._LAYER_RECORDS) is None
 
@@ -354,11 +354,10 @@ def test_what_it_creates_is_private_whatever_the_umask(sandbox) -> None:
 def enabled(monkeypatch, tmp_path) -> Path:
     """This process uses the cache, in ``tmp_path/autoalloc``."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    from autoalloc import privatedir, sources
+    from autoalloc import sources
 
     monkeypatch.setattr(layercache, "_ENABLED", [True])
     monkeypatch.setattr(sources, "_LAYERS", {})
-    monkeypatch.setattr(privatedir, "_CHECKED", {})
     return tmp_path / "autoalloc"
 
 
@@ -370,9 +369,10 @@ def test_entries_of_projects_gone_do_not_pile_up(enabled: Path) -> None:
     left = list(enabled.glob("*.pickle"))
     assert 0 < len(left) <= 128
     assert layercache.get("layer", ("project", "/tmp/p199/autoalloc.toml"), b"x") == ("found", 199)
-    stale, fresh = enabled / "layer-0.pickle.123.tmp", enabled / "layer-1.pickle.124.tmp"
+    stale = enabled / "layer-00000000.pickle.123.tmp"
+    fresh = enabled / "layer-00000001.pickle.124.tmp"
     for path in (stale, fresh):
-        path.write_bytes(b"half")
+        path.write_bytes(cachedir.MAGIC + b"half")  # as a writer killed midway leaves it
     os.utime(stale, (1, 1))
     layercache.put("layer", ("project", "/tmp/new/autoalloc.toml"), b"x", ("found", -1))
     assert not stale.exists() and fresh.exists()
@@ -397,14 +397,13 @@ def test_a_refused_directory_is_explained_and_ab_makes_its_own_private(
     """Under umask 002 ``ab``'s default output made ``~/.cache/autoalloc`` group-writable,
     which the cache then refused for good: ab makes it 0700 now, and a directory refused
     anyway is explained by ``autoalloc cache`` and ``doctor``'s notes."""
-    from autoalloc import cli, doctor, privatedir
+    from autoalloc import cli, doctor
 
     monkeypatch.setenv("HOME", str(sandbox.home))
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.setattr(privatedir, "_CHECKED", {})
     old = os.umask(0o002)
     try:
-        out = Path(cli.default_ab_out())
+        out = Path(cachedir.run_dir("ab"))  # ab's output without --out
     finally:
         os.umask(old)
     cache_dir = sandbox.home / ".cache" / "autoalloc"
@@ -433,11 +432,12 @@ def test_a_tampered_value_never_reaches_torch(sandbox) -> None:
     assert first.returncode == 0, first.stderr
     tampered = 0
     for path in entries(sandbox):
-        full, data, value = layercache._loads(path.read_bytes(), sources._LAYER_RECORDS)
+        blob = path.read_bytes().removeprefix(cachedir.MAGIC)
+        full, data, value = layercache._loads(blob, sources._LAYER_RECORDS)
         if full[0] == "layer" and full[1] == "user":
             rule = replace(value[2].rules[0], allocator={"expandable_segments": BAD})
             value = (*value[:2], replace(value[2], rules=(rule,)))
-            path.write_bytes(pickle.dumps((full, data, value), protocol=4))
+            path.write_bytes(cachedir.MAGIC + pickle.dumps((full, data, value), protocol=4))
             tampered += 1
     assert tampered == 1
     result = sandbox.run([str(script)], env=env)
@@ -498,3 +498,88 @@ def test_a_pyproject_policy_is_parsed_once_with_its_misplaced_keys_noted(
     assert layer.status == "found" and [r.name for r in layer.config.rules] == ["a"]
     assert "tool.autoalloc" in layer.message
     assert "disable" in layer.message and parses == [1]
+
+
+# -- it removes and replaces only what it wrote ---------------------------------------------
+
+SIGNATURE = b"Signature: 8a477f597d28d172789f06886806bc55"
+
+
+def _files(path: Path) -> dict[str, tuple[bytes, int]]:
+    """Every file below ``path``: its bytes and modification time."""
+    return {str(p.relative_to(path)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in path.rglob("*") if p.is_file()}  # fmt: skip
+
+
+def test_clear_eviction_and_tidying_touch_only_the_files_autoalloc_wrote(
+    enabled: Path, capsys
+) -> None:
+    """A user's files kept in autoalloc's cache directory, named like its entries and
+    temporary files or not, are neither evicted, tidied away, replaced nor cleared: autoalloc
+    recognises its own by their name and by their first bytes."""
+    from autoalloc import cli
+
+    layercache.put("layer", ("user", "/u/config.toml"), b"x", ("found", 1))
+    taken = layercache._name(("layer", "user", "/v/config.toml", layercache._code_identity()))
+    users = ["results.pickle", "draft.tmp", "layer-0123abcd.pickle",
+             "layer-0123abcd.pickle.7.tmp", taken]  # fmt: skip
+    for name in users:
+        (enabled / name).write_bytes(b"the user's own")
+        os.utime(enabled / name, (1, 1))  # older than any entry, and stale for a temporary
+    kept = _files(enabled)
+    layercache.put("layer", ("user", "/v/config.toml"), b"x", ("found", 2))  # the same name
+    assert layercache.get("layer", ("user", "/v/config.toml"), b"x") is None
+    for i in range(200):  # evicts the least recently used, tidies stale temporary files
+        layercache.put("layer", ("project", f"/tmp/p{i}/autoalloc.toml"), b"x", ("found", i))
+    assert {name: _files(enabled)[name] for name in users} == {name: kept[name] for name in users}
+    assert cachedir.describe()["entries"] <= 128
+    assert cli.main(["cache", "--clear"]) == 0
+    assert sorted(_files(enabled)) == sorted([*users, "CACHEDIR.TAG"])
+    assert {name: _files(enabled)[name] for name in users} == {name: kept[name] for name in users}
+    assert (enabled / "CACHEDIR.TAG").read_bytes().startswith(SIGNATURE)
+
+
+def test_a_directory_autoalloc_did_not_make_is_not_its_cache(sandbox, monkeypatch, capsys) -> None:
+    """``XDG_CACHE_HOME=$HOME`` and a clone of some project at ``~/autoalloc``: ``import
+    torch`` decides as without a cache and writes and removes nothing there (a stale
+    ``notes.tmp`` stays), nor ``ab``; ``autoalloc cache`` and ``doctor`` say why,
+    ``--clear`` removes nothing."""
+    from autoalloc import cli, doctor
+
+    sandbox.user_policy(USER)
+    clone = sandbox.home / "autoalloc"
+    for name in ("README.md", ".git/HEAD", "notes.tmp", "experiment-results.pickle"):
+        (clone / name).parent.mkdir(parents=True, exist_ok=True)
+        (clone / name).write_text("the project's own\n")
+    os.utime(clone / "notes.tmp", (1, 1))
+    before = _files(clone)
+    env = {"XDG_CACHE_HOME": str(sandbox.home)}
+    result = sandbox.run([str(sandbox.script("train_lab.py"))], env=env)
+    assert result.returncode == 0, result.stderr
+    applied = probe_result(result.stdout)["env"]["PYTORCH_CUDA_ALLOC_CONF"]
+    assert "garbage_collection_threshold:0.5" in applied
+    assert _files(clone) == before
+    monkeypatch.setenv("HOME", str(sandbox.home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(sandbox.home))
+    assert cli.main(["cache"]) == 1
+    out = capsys.readouterr().out
+    assert "not made by autoalloc (no CACHEDIR.TAG)" in out and "experiment-results.pickle" in out
+    assert cli.main(["cache", "--clear"]) == 1
+    assert "not cleared" in capsys.readouterr().err
+    assert any("no CACHEDIR.TAG" in note for note in doctor._cache_notes())
+    run = Path(cachedir.run_dir("ab"))  # nor does ab's output go there
+    assert clone not in run.parents
+    run.rmdir()
+    assert _files(clone) == before and not (clone / "ab").exists()
+
+
+def test_a_directory_holding_only_its_entries_is_tagged_and_used(enabled: Path) -> None:
+    """An empty directory, or one that holds only autoalloc's entries (an earlier process
+    that did not tag it), is used and tagged."""
+    enabled.mkdir(mode=0o700)
+    layercache.put("layer", ("user", "/u/config.toml"), b"x", ("found", 1))
+    assert (enabled / "CACHEDIR.TAG").read_bytes().startswith(SIGNATURE)
+    (enabled / "CACHEDIR.TAG").unlink()
+    assert layercache.get("layer", ("user", "/u/config.toml"), b"x") == ("found", 1)
+    layercache.put("layer", ("user", "/w/config.toml"), b"x", ("found", 3))
+    assert (enabled / "CACHEDIR.TAG").exists() and len(list(enabled.glob("*.pickle"))) == 2

@@ -19,10 +19,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "autoalloc"
 
 # Lowest first; a module may import its own part or a lower one.
 LEAVES = {"envvars", "records", "messages", "torchinfo", "globs", "entrypoint", "selfimports",
-          "counters", "problems", "modulesets", "safefile", "privatedir", "version"}
+          "counters", "problems", "modulesets", "safefile", "cachedir", "version"}
 DECISION = {
     "allocconf", "schema", "wrappers", "policy", "layercache", "sources", "match", "decide", "plan",
-    "evidence", "scan", "cachedir", "configdirs", "layerpaths",
+    "evidence", "scan", "layerpaths",
 }
 APPLICATION = {"hook", "late", "guards", "training", "adaptive"}
 TOOLS = {"", "__main__", "cli", "explain", "doctor", "bench.__main__"}

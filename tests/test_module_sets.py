@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import layercache, privatedir, sources
+from autoalloc import layercache, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.modulesets import link
 from autoalloc.policy import LayerConfig, Source, salvage
@@ -203,7 +203,6 @@ def test_the_layer_cache_keeps_references_to_lower_layers_to_expand(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(layercache, "_ENABLED", [True])
     monkeypatch.setattr(sources, "_LAYERS", {})
-    monkeypatch.setattr(privatedir, "_CHECKED", {})
     isolated_home.user_policy('[[rules]]\nname = "u"\nimports = ["@lab"]\n')
     seen = []
     for names in ('["one"]', '["two", "three"]'):

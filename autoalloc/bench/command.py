@@ -446,9 +446,9 @@ def output_dir(args: argparse.Namespace) -> str:
     """``--out``, or (decided once, kept in ``args``) a new private directory under the user
     cache directory, as ``autoalloc ab`` uses: named on stderr."""
     if args.out is None:
-        from autoalloc.ab.outdir import private_run_dir
+        from autoalloc import cachedir
 
-        args.out = private_run_dir("bench")
+        args.out = cachedir.run_dir("bench")
         print(f"bench: logs, runs and results go to {args.out} (--out to choose)", file=sys.stderr)
     return str(args.out)
 
