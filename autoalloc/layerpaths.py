@@ -2,12 +2,13 @@
 
 Functions of paths, like pytest's ``findpaths``: the built-in files beside this module
 (``wrappers.toml`` only for a command it may name: ``may_wrap``); the site and user files
-where platformdirs says, as ``layercache`` remembers it (``config_file``); the project search from the script's directory,
-else the working directory (``project_start``), through ``PROJECT_FILES`` in each directory
-up to the root (``project_candidates``), an ``autoalloc.toml`` leaving the ``pyproject.toml``
-beside it unread (``beside``); another user's project file only below a trusted directory
-(``is_trusted``, like git's ``safe.directory``). The file system is looked at through the
-``stat`` given (``os.stat`` by default); ``sources`` reads what is found.
+where platformdirs says, as ``layercache`` remembers it (``config_file``); the project
+search from the script's directory, else the working directory (``project_start``),
+through ``PROJECT_FILES`` in each directory up to the root (``project_candidates``), an
+``autoalloc.toml`` leaving the ``pyproject.toml`` beside it unread (``beside``); another
+user's project file only below a trusted directory (``is_trusted``, like git's
+``safe.directory``). The file system is looked at through the ``stat`` given (``os.stat``
+by default); ``sources`` reads what is found.
 """
 
 from __future__ import annotations
