@@ -182,7 +182,7 @@ def read_source(policy: Policy, entry: EntryPoint, cwd: str | None) -> scan.Scan
     there is none, or no rule reads it."""
     if entry.kind not in ("script", "module") or not watches_training(policy.rules):
         return None
-    cwd = cwd or os.getcwd()
+    cwd = cwd or os.path.dirname(entry.path)  # a working directory deleted meanwhile
     path = entry.path if entry.kind == "script" else module_file(entry.target, cwd)
     if path is None or not os.path.isfile(path):
         return None

@@ -108,13 +108,15 @@ def test_ab_on_arm_uses_the_deciding_rule(tmp_path: Path) -> None:
 
 
 # A fine-tuning script no rule names: an audio stack (soundfile, in the test venv) and a
-# text-target library (jiwer: an empty stand-in beside the script), then an optimizer.
+# text-target library (jiwer: an empty stand-in beside the script), then an optimizer, built
+# by a module of its own (the script's source alone does not show the training: decided late).
 OWN_FINETUNE = """\
 import soundfile, jiwer
 import torch
+import trainer
 torch.set_num_threads(1)
 model = torch.nn.Linear(4, 2)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = trainer.optimizer(model)
 for _ in range(1000):
     opt.zero_grad(); model(torch.randn(3, 4)).sum().backward(); opt.step()
 """
@@ -125,6 +127,9 @@ def test_ab_on_arm_gets_the_option_at_the_first_optimizer_as_the_job_does(
 ) -> None:
     (tmp_path / "jiwer").mkdir()
     (tmp_path / "jiwer" / "__init__.py").write_text("")
+    (tmp_path / "trainer.py").write_text(
+        "import torch\n\n\ndef optimizer(model):\n"
+        "    return torch.optim.AdamW(model.parameters(), lr=1e-3)\n")
     script = tmp_path / "own_finetune.py"
     script.write_text(OWN_FINETUNE)
     result, data = ab(tmp_path, ["--steps", "2", "--repeat", "1"], [PY, str(script)])

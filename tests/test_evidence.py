@@ -130,10 +130,12 @@ def test_supported_names_need_evidence() -> None:
 
 # End to end. ``site-packages/``: a directory of installed code, as a venv's is. The stand-ins
 # are empty packages: what matters is which code imports them.
+# The optimizer built by a module of the program's own: the script's source alone does not
+# show the training, so the run decides at the first optimizer, from its evidence.
 TRAIN = """
-import torch
+import torch, trainer
 model = torch.nn.Linear(4, 2)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+opt = trainer.optimizer(model)
 """
 
 
@@ -163,6 +165,8 @@ def _library(sandbox: Sandbox, body: str) -> dict[str, str]:
     site = sandbox.work / "lib" / "site-packages"
     sandbox.write(site / "textstack" / "__init__.py", body)
     sandbox.write(site / "jiwer" / "__init__.py", "")
+    sandbox.write("trainer.py", "import torch\n\n\ndef optimizer(model):\n"
+                  "    return torch.optim.AdamW(model.parameters(), lr=1e-3)\n")
     return {"PYTHONPATH": str(site), "AUTOALLOC_DEBUG": "1"}
 
 

@@ -188,15 +188,24 @@ SPEECH_FINETUNE = textwrap.dedent(f"""
 """)
 
 
+# The same, its optimizer built by a module of its own: the script's source alone does not
+# show the training, so the run decides at the first optimizer.
+LATE_FINETUNE = SPEECH_FINETUNE.replace("opt = torch.optim.AdamW(model.parameters(), lr=1e-3)",
+                                        "import trainer\nopt = trainer.optimizer(model)")
+TRAINER = "import torch\n\n\ndef optimizer(model):\n    return torch.optim.SGD(model.parameters(), lr=0.1)\n"
+
+
 def speech_script(sandbox: Sandbox, name: str, body: str) -> Path:
-    """``body`` as script ``name``, with an empty ``jiwer`` package beside it (not in the venv)."""
+    """``body`` as script ``name``, with an empty ``jiwer`` package beside it (not in the venv)
+    and an own ``trainer`` module that builds an optimizer."""
     sandbox.write("jiwer/__init__.py", "")
+    sandbox.write("trainer.py", TRAINER)
     return sandbox.script(name, body)
 
 
 def test_speech_finetune_gets_the_option_once_it_builds_an_optimizer(sandbox: Sandbox) -> None:
     before = "import os, soundfile, torch\nprint('BEFORE', os.environ.get('AUTOALLOC_APPLIED'))\n"
-    speech_script(sandbox, "finetune.py", before + SPEECH_FINETUNE)
+    speech_script(sandbox, "finetune.py", before + LATE_FINETUNE)
     result = sandbox.run(["finetune.py"], env={"AUTOALLOC_DEBUG": "1"})
     assert "BEFORE None" in result.stdout  # nothing before the optimizer is built
     assert_applied(result, "speech-training")
@@ -392,18 +401,19 @@ def test_a_warning_at_the_first_optimizer_names_the_programs_line(sandbox: Sandb
         '[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n'
         "allocator = { garbage_collection_threshold = 0.8 }\n"
     )
-    train = sandbox.script("train.py", """
+    trainer = sandbox.write("trainer.py", TRAINER)  # the script alone shows no optimizer
+    sandbox.script("train.py", """
         import json
         import torch
-        model = torch.nn.Linear(4, 2)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        import trainer
+        opt = trainer.optimizer(torch.nn.Linear(4, 2))
     """)
     env = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}
     result = sandbox.run(["train.py"], env=env)
     assert_applied(result, expected=f"garbage_collection_threshold:0.6,{ES}")
     (warning,) = autoalloc_warnings(result.stderr)
     assert "keeping garbage_collection_threshold:0.6" in warning
-    assert f"{train}:5: AutoallocWarning" in result.stderr, result.stderr
+    assert f"{trainer}:5: AutoallocWarning" in result.stderr, result.stderr
 
 
 def test_a_library_that_wraps_optimizer_init_after_torch_keeps_training_rules_on(
