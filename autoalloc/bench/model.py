@@ -7,18 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-MODEL_KEYS = (
-    "d_model",
-    "layers",
-    "heads",
-    "ffn",
-    "conv_kernel",
-    "subsampling_channels",
-    "vocab",
-    "n_mels",
-    "dropout",
-)
-
 
 def _block_parts(cfg: dict) -> tuple[Any, Any, Any]:
     """The parts of a Conformer block: feed-forward, self-attention, convolution module."""

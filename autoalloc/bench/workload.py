@@ -132,22 +132,17 @@ def batches(args: argparse.Namespace, cfg: dict[str, Any]) -> Iterator[dict[str,
     return itertools.islice(itertools.cycle(plan["batches"]), max(0, cfg["run_steps"]))
 
 
-def runtime_setter(torch: Any, value: str) -> str:
-    """Apply allocator settings at run time the way NeMo does; the function used."""
+def runtime_setter(torch: Any, value: str) -> None:
+    """Apply allocator settings at run time the way NeMo does."""
     setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
-    name = "torch.cuda.memory._set_allocator_settings"
     if setter is None:
-        setter, name = (
-            torch._C._accelerator_setAllocatorSettings,
-            "torch._C._accelerator_setAllocatorSettings",
-        )
+        setter = torch._C._accelerator_setAllocatorSettings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated on 2.10+, still what NeMo calls
         setter(value)
-    return name
 
 
-def device_for(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> Any:
+def device_for(torch: Any, args: argparse.Namespace) -> Any:
     """The device, with the memory cap on CUDA; one CPU thread on the CPU (the smoke path)."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if not cuda:
@@ -173,7 +168,7 @@ def check_settings(torch: Any, args: argparse.Namespace) -> int:
 
 def train(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the schedule; per batch (probe mode) the peak allocated memory and whether it ran out."""
-    device = device_for(torch, args, cfg)
+    device = device_for(torch, args)
     cuda = device.type == "cuda"
     if args.probe and not cuda:
         return {"cuda_available": False, "ooms": 0}
@@ -193,9 +188,7 @@ def train(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str
             torch.cuda.reset_peak_memory_stats(device)
         try:
             model.train_step(torch, net, optimizer, frames, tokens, step_cfg, device, generator)
-        except (
-            oom_error
-        ):  # counted by the allocator's num_ooms; the run goes on, as a trainer's would not
+        except oom_error:  # num_ooms counts it; the run goes on, as a trainer's would not
             ooms += 1
             optimizer.zero_grad(set_to_none=True)
         if cuda and args.probe:
