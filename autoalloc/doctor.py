@@ -41,8 +41,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoalloc import allocconf, torchinfo
-from autoalloc.allocconf import ALL_VARS
+from autoalloc import allocconf, cachedir, entrypoint, torchinfo
+from autoalloc.allocconf import ALL_VARS, ASYNC_BACKENDS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
 from autoalloc.messages import shortened
@@ -71,9 +71,7 @@ class Status:
     torch_reports: dict[str, Any]
     in_effect: dict[str, dict[str, Any]]
     problems: list[str] = field(default_factory=list)  # what keeps the intent from being in effect
-    warnings: list[str] = field(
-        default_factory=list
-    )  # what autoalloc told this process when it decided
+    warnings: list[str] = field(default_factory=list)  # what autoalloc said when it decided
     notes: list[str] = field(default_factory=list)
     autoalloc: dict[str, Any] = field(default_factory=dict)
     watching: dict[str, Any] = field(default_factory=dict)  # adaptive mode, training rules
@@ -110,9 +108,10 @@ def _watcher_armed() -> bool:
 def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bool]:
     """Installed (files), live (armed or decided), why not; and whether this is a deliberate
     opt-out."""
+    dirs = _site_dirs()
     files = [
         os.path.join(d, name)
-        for d in _site_dirs()
+        for d in dirs
         for name in HOOK_FILES
         if os.path.isfile(os.path.join(d, name))
     ]
@@ -132,11 +131,8 @@ def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bo
         if getattr(sys, "frozen", False):
             why.append("a frozen application (sys.frozen): .pth files are not processed")
         if not files:
-            why.append(
-                "autoalloc.pth is in no site directory of this interpreter ("
-                + ", ".join(_site_dirs())
-                + ")"
-            )
+            where = ", ".join(dirs)
+            why.append(f"autoalloc.pth is in no site directory of this interpreter ({where})")
         elif all(os.path.dirname(f) == user_site for f in files) and sys.flags.no_user_site:
             why.append(
                 "autoalloc.pth is only in the user site directory, which -s / PYTHONNOUSERSITE "
@@ -176,6 +172,8 @@ def _aborting_value(info: Any, env: Mapping[str, str]) -> str | None:
 def _torch_reports(torch: Any) -> dict[str, Any]:
     """What torch says is in effect (this builds torch's allocator config if nothing did yet)."""
     out: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None, "errors": {}}
+    if torch is None:
+        return out
     try:
         out["getter"] = torchinfo.allocator_string(torch)
     except Exception as exc:
@@ -229,17 +227,6 @@ def _reported(
         return None, source
 
 
-def _setter_report(reports: Mapping[str, Any]) -> dict[str, Any] | None:
-    from autoalloc import guards, hook
-
-    def parsed(key: str) -> str | bool | None:
-        snapshot = reports.get("snapshot")
-        # False where torch cannot say: guards' model of the calls answers
-        return allocconf.from_snapshot(key, snapshot) if snapshot else False
-
-    return guards.setter_report(hook.STATE, parsed, _same)
-
-
 def _same(key: str, intended: str, reported: str | None) -> bool:
     if reported is None:
         return False
@@ -256,8 +243,6 @@ def _matching_job(state: Any, env: Mapping[str, str], info: Any, said: list[str]
 
     ``said``: notes doctor gives already (the platform's), not repeated.
     """
-    from autoalloc import entrypoint
-
     entry = state.plan.entry if state.plan is not None else entrypoint.EntryPoint("unknown")
     job_env = {k: v for k, v in env.items() if k != APPLIED_VAR}  # a job of its own, not a child
     cwd = entrypoint.current_cwd()
@@ -279,8 +264,6 @@ def _matching_job(state: Any, env: Mapping[str, str], info: Any, said: list[str]
 
 def _import_torch(problems: list[str]) -> Any:
     """torch, imported here (the hook decides now, if it has not), or None with the problem."""
-    from autoalloc import torchinfo
-
     fatal = None if "torch" in sys.modules else _aborting_value(torchinfo.locate(), os.environ)
     if fatal:
         problems.append(f"{fatal}: not importing torch (it would abort this process too)")
@@ -295,8 +278,6 @@ def _import_torch(problems: list[str]) -> Any:
 
 def _torch_info(state: Any, torch: Any) -> Any:
     """The installed torch, as the hook saw it, else as found now."""
-    from autoalloc import torchinfo
-
     if state.torch is not None:
         return state.torch
     if torch is None:
@@ -343,9 +324,7 @@ def _intent(
         if decision.action in ("apply", "inherited"):
             out.options = decision.applied()
             if decision.action == "apply" and not out.options and decision.requested:
-                out.options = dict(
-                    decision.requested
-                )  # not applied (an unparseable value): not in effect
+                out.options = dict(decision.requested)  # not applied (unparseable): not in effect
         if own:
             out.notes.append(
                 f"child processes inherit what this process applied ({APPLIED_VAR}) and stay silent"
@@ -389,10 +368,7 @@ def _in_effect(
                 f"autoalloc meant {key}:{want}, but torch reports {key}:{got} ({source})"
             )
     backend = reports.get("backend")
-    if intent.get("expandable_segments") == "True" and backend in (
-        "pluggable",
-        *allocconf.ASYNC_BACKENDS,
-    ):
+    if intent.get("expandable_segments") == "True" and backend in ("pluggable", *ASYNC_BACKENDS):
         in_effect["expandable_segments"]["ok"] = False
         problems.append(
             f"torch's allocator backend is {backend}: expandable segments have no effect"
@@ -429,7 +405,7 @@ def status() -> Status:
 
     See the module's docstring for what is reported.
     """
-    from autoalloc import hook
+    from autoalloc import guards, hook
 
     armed = _watcher_armed()
     problems: list[str] = []
@@ -448,9 +424,10 @@ def status() -> Status:
             notes.append(f"autoalloc is switched off here: {why}")
         else:
             problems.append(f"autoalloc's hook is not live in this interpreter: {why}")
-    reports = _torch_reports(torch) if torch is not None else dict(_NO_REPORTS, errors={})
+    reports = _torch_reports(torch)
     reports["imported"] = torch is not None
-    setter = _setter_report(reports)
+    snapshot = reports["snapshot"] or {}  # where it cannot say (False), guards' model answers
+    setter = guards.setter_report(state, lambda k: allocconf.from_snapshot(k, snapshot), _same)
     if setter is not None:  # a runtime setter call changed what torch uses since it read the string
         reports["setter_calls"] = setter
     current = env.get(read_var, "") if read_var else None
@@ -482,8 +459,6 @@ def status() -> Status:
 
 def _cache_notes() -> list[str]:
     """Why the layer cache is not used, when it is not (every process then parses anew)."""
-    from autoalloc import cachedir
-
     state = cachedir.describe()
     if state["used"] or state["path"] is None:
         return []
@@ -508,9 +483,6 @@ def _watching(state: Any) -> dict[str, Any]:
             "optimizer_built": state.trains,
         },
     }
-
-
-_NO_REPORTS: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None}
 
 
 def _autoalloc() -> dict[str, Any]:
