@@ -67,9 +67,7 @@ class Decision:
     rule_source: str | None = None
     reason: str = ""
     trigger: str | None = None
-    requested: Mapping[str, str] = field(
-        default_factory=dict
-    )  # options the policy asks for, after gating
+    requested: Mapping[str, str] = field(default_factory=dict)  # the policy's options, gated
     env_before: Mapping[str, str] = field(default_factory=dict)  # allocator variables already set
     read_var: str | None = None  # the variable torch reads, after the writes
     value: str | None = None  # the allocator string torch will read
@@ -167,10 +165,11 @@ def disabled(
     applied = parse_applied(env.get(APPLIED_VAR))
     undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
     if undone is not None:
-        reason += (
-            f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
-        )
+        reason += f"; {_RESTORING} (rule {applied[0]})"
     return Decision(action="disabled", reason=reason, **(undone or base))
+
+
+_RESTORING = "restoring the allocator variables a parent process changed"
 
 
 def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
@@ -333,10 +332,9 @@ def _from_parent(
     if denied is not None and denied.rule is not None and denied.rule.action == "skip":
         undone = _undo(env, torch, base)
         if undone is not None:
-            restoring = "restoring the allocator variables a parent process changed"
             return Decision(
                 action="skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
-                reason=f"{denied.reason}; {restoring} (rule {parent_rule})",
+                reason=f"{denied.reason}; {_RESTORING} (rule {parent_rule})",
                 trigger=denied.trigger, **undone,
             )  # fmt: skip
     return Decision(
@@ -419,13 +417,9 @@ def resolve(
     platform: str = sys.platform,
     now: allocconf.InEffect | None = None,
 ) -> Decision:
-    """The ``apply`` decision for ``rule``: its options merged into the environment.
-
-    Steps, each saying its conflicts once: 1. gate the options by torch and platform,
-    2. read the environment's variable, 3. drop what the backend ignores, 4. drop size
-    options torch would reject together with the environment's, 5. merge and say each
-    conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
-    environment writes (late, also the runtime-setter string).
+    """The ``apply`` decision for ``rule``: its options merged into the environment, in the
+    steps numbered below (each function's docstring says its step), each saying its
+    conflicts once.
 
     ``now`` (a late apply, torch loaded): what torch uses at this moment, the environment's
     string and the program's runtime setter calls, is what the options are merged into, with
