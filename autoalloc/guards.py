@@ -185,15 +185,11 @@ def reset_message(dropped: list[tuple[str, str]], origin: Mapping[str, str]) -> 
     )
 
 
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
-
-
 def skipped_frames() -> tuple[str, ...]:
     """The files a warning never names as the program's line: torch's, and those between the
     program's call and torch's (``_NOT_USER``)."""
-    return (_torch_dir(), *_NOT_USER)
+    torch = sys.modules.get("torch")
+    return (os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep, *_NOT_USER)
 
 
 def _secondary() -> bool:
@@ -306,12 +302,11 @@ def write(state: Any, torch: Any, text: str, origin: str) -> str | None:
         setter = torch.cuda.memory._set_allocator_settings
     setter = getattr(setter, "__wrapped__", setter)
     model = _model_now(state, False)
+    model.last = text  # torch keeps even a string it refuses (what is in effect then stays)
     try:
         setter(text)
     except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU
-        model.last = text  # torch keeps the string it refused; what is in effect stays
         return f"{type(exc).__name__}: {exc}"
-    model.last = text
     try:
         _note(state, model, allocconf.parse(text), set(), origin, False)
     except allocconf.ConfError:
@@ -539,10 +534,6 @@ def _guard_custom_allocator(
     return call
 
 
-def _mempool_allocator(self: Any, allocator: Any = None, *args: Any, **kwargs: Any) -> bool:
-    return allocator is not None
-
-
 def install(state: Any) -> None:
     """Wrap torch's allocator-configuration entry points (once per process)."""
     setters = _setters(state)
@@ -572,7 +563,8 @@ def install(state: Any) -> None:
     init = getattr(pool, "__init__", None)
     if isinstance(pool, type) and init is not None and init is not object.__init__:
         pool.__init__ = _guard_custom_allocator(
-            init, state, "torch.cuda.MemPool", _mempool_allocator,
+            init, state, "torch.cuda.MemPool",
+            lambda self, allocator=None, *args, **kwargs: allocator is not None,
             "torch.cuda.MemPool(allocator=...) allocates through a custom allocator",
             "do not apply to its memory",
         )
