@@ -29,12 +29,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from autoalloc.counters import StepSampler
-
-Mode = Literal["off", "advise", "apply"]
-MODES: tuple[Mode, ...] = ("off", "advise", "apply")
 
 
 @dataclass(frozen=True)

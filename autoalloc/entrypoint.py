@@ -62,14 +62,13 @@ def program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
         real = absolute
     base = os.path.basename(absolute)
     lower = base.lower()
-    if lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES):
+    script = lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES)
+    if script or os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
         return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
     for suffix in _WRAPPER_SUFFIXES:
         if lower.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    if os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
-        return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
     return EntryPoint("command", base, tuple(args), path=absolute, realpath=real)
 
 
