@@ -111,18 +111,13 @@ def parser() -> argparse.ArgumentParser:
 
 def declare(p: argparse.ArgumentParser) -> None:
     """Bench's options; those it hands to the workload are the workload's own declarations."""
-    p.add_argument(
-        "--quick", action="store_true", help="small model, 60 steps: a few minutes on one GPU"
-    )
-    p.add_argument(
-        "--smoke", action="store_true", help="the CPU smoke path even when a GPU is present"
-    )
-    p.add_argument(
-        "--check-settings",
-        action="store_true",
-        help="only check that each arm's process gets the allocator setting it intends "
-        "(no training; exact on CUDA builds even without a GPU)",
-    )
+    for flag, text in (
+        ("--quick", "small model, 60 steps: a few minutes on one GPU"),
+        ("--smoke", "the CPU smoke path even when a GPU is present"),
+        ("--check-settings", "only check that each arm's process gets the allocator setting it "
+         "intends (no training; exact on CUDA builds even without a GPU)"),
+    ):  # fmt: skip
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})"
     )
@@ -223,9 +218,10 @@ def check_all_settings(args: argparse.Namespace, arms: Sequence[Arm]) -> int:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         line = next((x for x in done.stdout.splitlines() if x.startswith(SETTINGS_TAG)), None)
         result = json.loads(line[len(SETTINGS_TAG) :]) if line else {"error": done.stderr[-2000:]}
-        result["ok"] = _settings_ok(arm, result)
-        results[arm.name] = result
         seen = result.get("allocator_settings", {})
+        hooked = ARMS[arm.name][1] != "hook" or result.get("decision", {}).get("rule") == HOOK_RULE
+        result["ok"] = seen.get("expandable_segments") is arm.intent and hooked
+        results[arm.name] = result
         print(
             f"{arm.name:<12}expandable_segments={seen.get('expandable_segments')} "
             f"(intended {arm.intent}) "
@@ -240,12 +236,6 @@ def check_all_settings(args: argparse.Namespace, arms: Sequence[Arm]) -> int:
 
 def _base(args: argparse.Namespace) -> list[str]:
     return [args.python, "-m", WORKLOAD]
-
-
-def _settings_ok(arm: Arm, result: dict[str, Any]) -> bool:
-    seen = result.get("allocator_settings", {}).get("expandable_segments")
-    hooked = ARMS[arm.name][1] != "hook" or result.get("decision", {}).get("rule") == HOOK_RULE
-    return seen is arm.intent and hooked
 
 
 def checks(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -15,20 +15,15 @@ def _block_parts(cfg: dict) -> tuple[Any, Any, Any]:
 
     d, heads, p = cfg["d_model"], cfg["heads"], cfg["dropout"]
 
-    class FeedForward(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(
-                nn.LayerNorm(d),
-                nn.Linear(d, cfg["ffn"]),
-                nn.SiLU(),
-                nn.Dropout(p),
-                nn.Linear(cfg["ffn"], d),
-                nn.Dropout(p),
-            )
-
-        def forward(self, x):
-            return self.net(x)
+    def FeedForward() -> nn.Module:  # a function, called as the classes below are
+        return nn.Sequential(
+            nn.LayerNorm(d),
+            nn.Linear(d, cfg["ffn"]),
+            nn.SiLU(),
+            nn.Dropout(p),
+            nn.Linear(cfg["ffn"], d),
+            nn.Dropout(p),
+        )
 
     class SelfAttention(nn.Module):
         def __init__(self) -> None:
