@@ -5,31 +5,16 @@ decides, if it has not yet) and then asks torch what it read: the getter
 ``torch._C._accelerator_getAllocatorSettings()`` (2.12+), the parsed values of
 ``torch.cuda.memory._snapshot()["allocator_settings"]`` (CUDA builds, 2.3+) and
 ``get_allocator_backend()``. Both freeze torch's allocator configuration, so this runs
-only when asked for, never on the import path.
+only when asked for, never on the import path. docs/commands.md ("autoalloc doctor") says
+what it reports; ``Status`` holds it, ``render`` words it, and a note says why the layer
+cache is not used, when it is not. The decision is this process's own: doctor's in
+``autoalloc doctor``, the script's in a training script that calls ``autoalloc.status()``;
+the hook is live where the watcher is armed or a decision was recorded.
 
-What it reports:
-
-- the interpreter, torch (version, flavour) and whether the hook is installed (a
-  ``.pth``/``.start`` file in a site directory of this interpreter) and live here (the
-  watcher is armed or a decision was recorded), with what defeats it (``-S``, ``-I``,
-  ``AUTOALLOC_DISABLE``, a frozen application);
-- the allocator variables of the environment and the one torch reads;
-- this process's decision (rule, layer file, reason, warnings). In ``autoalloc doctor``
-  that is doctor's own decision, made when doctor imported torch; in a training script
-  that calls ``autoalloc.status()`` it is the script's;
-- ``AUTOALLOC_APPLIED``: what a parent process of this job applied, and whether the
-  variable torch reads still holds it (run ``autoalloc doctor`` from inside a job, or
-  call ``autoalloc.status()`` there, to check what the job's processes get);
-- when this process applied nothing: what a job matching a rule here would be told
-  (the conflicts of docs/conflicts.md: variables, ``expandable_segments:False``,
-  ``backend:cudaMallocAsync``, unparseable values, unsupported platforms);
-- the intent (the options autoalloc applied here or inherited) against what torch
-  reports, key by key;
-- why the layer cache is not used, when it is not (``autoalloc cache``).
-
-``ok`` is True when that intent is what torch reports (or nothing was intended: no rule
-matched, a skip rule, ``AUTOALLOC_DISABLE``, ``-I``), False when it is not or when the
-hook is not working in this interpreter. ``doctor`` exits 0 or 1 accordingly.
+``ok`` is True when the intent (the options autoalloc applied here or inherited) is what
+torch reports, key by key (or nothing was intended: no rule matched, a skip rule,
+``AUTOALLOC_DISABLE``, ``-I``), False when it is not or when the hook is not working in
+this interpreter. ``doctor`` exits 0 or 1 accordingly.
 """
 
 from __future__ import annotations
@@ -447,8 +432,9 @@ def status() -> Status:
         summary = ready(matching_job)  # what a user runs a bare `autoalloc doctor` for
     if torch is None:
         summary = "torch was not imported: " + (problems[0] if problems else "unknown")
+    found = None if info is None else {k: getattr(info, k) for k in ("version", "flavour", "path")}
     return Status(
-        ok=ok, summary=summary, python=_python(), autoalloc=_autoalloc(), torch=_torch_dict(info),
+        ok=ok, summary=summary, python=_python(), autoalloc=_autoalloc(), torch=found,
         hook=hook_dict, environment=_environment(env, info, read_var),
         decision=None if decision is None else decision.as_dict(), inherited=intent.inherited,
         matching_job=matching_job, torch_reports=reports, in_effect=in_effect, problems=problems,
@@ -487,12 +473,6 @@ def _watching(state: Any) -> dict[str, Any]:
 
 def _autoalloc() -> dict[str, Any]:
     return {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))}
-
-
-def _torch_dict(info: Any) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    return {"version": info.version, "flavour": info.flavour, "path": info.path}
 
 
 def _environment(env: Mapping[str, str], info: Any, read_var: str | None) -> dict[str, Any]:
