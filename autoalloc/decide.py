@@ -161,9 +161,8 @@ def disabled(
     """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent
     process wrote."""
     base = _as_found(entry, env, torch)
-    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
-    undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
+    undone = _undo(env, base) if applied is not None and applied[1] == base["value"] else None
     if undone is not None:
         reason += f"; {_RESTORING} (rule {applied[0]})"
     return Decision(action="disabled", reason=reason, **(undone or base))
@@ -172,8 +171,9 @@ def disabled(
 _RESTORING = "restoring the allocator variables a parent process changed"
 
 
-def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
-    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded (None: no record)."""
+def _undo(env: Mapping[str, str], base: dict) -> dict | None:
+    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded (None: no record);
+    ``base``: those of the environment as it is (``_as_found``)."""
     try:
         original = json.loads(env.get(ORIGINAL_VAR) or "null")
     except ValueError:
@@ -189,7 +189,7 @@ def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict |
         ORIGINAL_VAR,
     )
     after = {k: v for k, v in {**env, **writes}.items() if k not in unsets}
-    read_var = allocconf.effective_var(after, torch)
+    read_var = allocconf.effective_var(after, base["torch"])
     value = after.get(read_var, "") if read_var else ""
     return {**base, "writes": writes, "unsets": unsets, "read_var": read_var, "value": value}
 
@@ -289,10 +289,9 @@ def decide(
     2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
     """
     base = _as_found(entry, env, torch)
-    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
-    if applied is not None and applied[1] == current:  # 1
-        return _from_parent(policy, entry, env, torch, imported, base, applied[0], trains)
+    if applied is not None and applied[1] == base["value"]:  # 1
+        return _from_parent(policy, env, imported, base, applied[0], trains)
     warnings = tuple(layer_warnings(policy))
     said = {"warnings": warnings, "departures": tuple(layer_warnings(policy, NODE_LAYERS))}
     if not policy.enabled.value:  # 2
@@ -318,19 +317,18 @@ def decide(
 
 def _from_parent(
     policy: Policy,
-    entry: EntryPoint,
     env: Mapping[str, str],
-    torch: TorchInfo | None,
     imported: Container[str],
     base: dict,
     parent_rule: str,
-    trains: bool = False,
+    trains: bool,
 ) -> Decision:
     """A child of a job autoalloc applied options for: silent, unless a skip rule denies it
     (a vLLM server started by a training job), which gets the user's variables back."""
+    entry = base["entry"]
     denied = first_match(policy.rules, entry, imported, trains) if policy.enabled.value else None
     if denied is not None and denied.rule is not None and denied.rule.action == "skip":
-        undone = _undo(env, torch, base)
+        undone = _undo(env, base)
         if undone is not None:
             return Decision(
                 action="skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
@@ -553,17 +551,14 @@ def _drop_size_clashes(state: _Resolving) -> None:
     dropped = [f"{k}:{state.ours.pop(k)}" for k in _SIZES if k in state.ours]
     if dropped:
         them = "them" if len(dropped) > 1 else "it"
+        now = f"{state.read_var}={shortened(state.existing)}"
+        if state.base is not None:
+            now = f"the allocator settings in effect ({shortened(state.base)})"
         state.depart(
             f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
-            f"{_in_effect_text(state)} would be rejected by torch ({problem}); "
+            f"{now} would be rejected by torch ({problem}); "
             f"autoalloc does not add {them}"
         )
-
-
-def _in_effect_text(state: _Resolving) -> str:
-    if state.base is None:
-        return f"{state.read_var}={shortened(state.existing)}"
-    return f"the allocator settings in effect ({shortened(state.base)})"
 
 
 def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:
