@@ -47,15 +47,10 @@ class EntryPoint:
         return self.kind
 
 
-def _abspath(path: str, cwd: str | None) -> str:
-    if not os.path.isabs(path) and cwd:
-        path = os.path.join(cwd, path)
-    return os.path.normpath(path)
-
-
 def program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
     """The entry point of running the file ``path``: a script, a directory or a command."""
-    absolute = _abspath(path, cwd)
+    given = os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+    absolute = os.path.normpath(given)
     try:
         real = os.path.realpath(absolute)
     except (OSError, ValueError):
