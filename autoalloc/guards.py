@@ -501,12 +501,10 @@ def _after(
 ) -> None:
     """Merge or warn once the call has run; never raises."""
     try:
-        if plan.quiet:
-            _record(state, plan, None, error)
-            return
-        effect = list(_model_now(state, False).pairs)
-        passed = _keep(original, plan, effect) if plan.merge and error is None else None
-        _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
+        merge = plan.merge and error is None  # never for a quiet plan
+        passed = _keep(original, plan, list(_model_now(state, False).pairs)) if merge else None
+        if not plan.quiet:
+            _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
         _record(state, plan, passed, error)
     except Exception as exc:
         messages.debug(f"internal error in the setter guard: {exc!r}")
