@@ -6,20 +6,11 @@ and the notes, but performs none of them; ``hook`` carries them out, ``explain``
 ``allocconf.serialize`` of validated values merged into a string that ``allocconf.parse``
 accepted, so it is never malformed.
 
-Conflict cases (docs/conflicts.md), each said in at most one warning per decision; a
-child process that finds ``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited``
-and says nothing:
-
-- several allocator variables set to different values: name the one the installed torch
-  reads (a set-but-empty one included) and merge into that one;
-- a key the environment already sets to another value: ``on_conflict = "keep"`` (the
-  default) keeps the environment's and warns; ``"override"`` replaces it with a note
-  (an explicit choice, shown by ``explain``, ``doctor`` and ``AUTOALLOC_DEBUG``);
-- ``backend:cudaMallocAsync``: expandable segments have no effect, so they are not added;
-- ``max_split_size_mb`` together with expandable segments: worded per torch version;
-- a value that cannot be parsed: left exactly as it is;
-- torch < 2.1, Windows, ROCm before 2.12 (or ROCm < 7.0): the key is never written;
-  CPU-only builds: written, with a note that it has no effect.
+The conflict cases of docs/conflicts.md are each said in at most one warning per decision,
+by the steps of ``resolve`` (several allocator variables, a key the environment sets
+otherwise, the backend, ``max_split_size_mb`` beside expandable segments, a value that
+cannot be parsed) and by ``platform_notes``; a child process that finds
+``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited`` and says nothing.
 """
 
 from __future__ import annotations
