@@ -191,11 +191,9 @@ def calibrate(
     if not probe.get("cuda_available"):
         return probe, []
     notes = []
-    cap = (
-        None
-        if args.no_cap
-        else (args.cap_gb * GIB if args.cap_gb else probe["peak_allocated"] / args.fill)
-    )
+    cap = None
+    if not args.no_cap:
+        cap = args.cap_gb * GIB if args.cap_gb else probe["peak_allocated"] / args.fill
     if cap and cap > 0.95 * probe["total_memory"]:
         cap = 0.95 * probe["total_memory"]
         notes.append(
