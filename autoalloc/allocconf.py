@@ -456,9 +456,6 @@ class InEffect:
         """The program turned expandable segments off at run time: its choice, kept."""
         return SEGMENTS in self.runtime and last_value(self.pairs, SEGMENTS) == "False"
 
-    def text(self) -> str:
-        return serialize(self.pairs)
-
 
 def read_order(torch: TorchInfo | None) -> tuple[str, ...]:
     """The variables the installed torch's allocator reads, first one set wins.

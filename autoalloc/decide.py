@@ -468,7 +468,8 @@ def _for_children(state: _Resolving) -> str | None:
 
 def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
     """Step 2 of a late apply: merge into what torch uses now; respect a runtime refusal."""
-    state.pairs, state.origin, state.base = list(now.pairs), dict(now.origin), now.text()
+    state.pairs, state.origin = list(now.pairs), dict(now.origin)
+    state.base = allocconf.serialize(now.pairs)
     if now.refused() and state.ours.pop(SEGMENTS, None) is not None:
         state.notes.append(
             f"{now.origin.get(SEGMENTS, 'the program')} set expandable_segments:False at run "
