@@ -162,13 +162,8 @@ def _torch_reports(torch: Any) -> dict[str, Any]:
     try:
         out["getter"] = torchinfo.allocator_string(torch)
     except Exception as exc:
-        out["errors"]["getter"] = (
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-    gpu_build = (
-        getattr(torch.version, "cuda", None) is not None
-        or getattr(torch.version, "hip", None) is not None
-    )
+        out["errors"]["getter"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    gpu_build = any(getattr(torch.version, name, None) is not None for name in ("cuda", "hip"))
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     if gpu_build and memory is not None:
         backend = getattr(memory, "get_allocator_backend", None)
@@ -185,7 +180,7 @@ def _torch_reports(torch: Any) -> dict[str, Any]:
                     k: v for k, v in settings.items() if not isinstance(v, (list, dict))
                 }
             except Exception as exc:
-                text = str(exc).splitlines()[0] if str(exc) else ""
+                text = (str(exc).splitlines() or [""])[0]
                 out["errors"]["snapshot"] = f"{type(exc).__name__}: {text}"
     return out
 
@@ -199,11 +194,8 @@ def _reported(
         value = allocconf.from_snapshot(key, snapshot)
         if value is not False:
             return value, "snapshot"
-    text, source = (
-        (reports["getter"], "getter")
-        if reports.get("getter") is not None
-        else (env_value, "environment")
-    )
+    getter = reports.get("getter")
+    text, source = (getter, "getter") if getter is not None else (env_value, "environment")
     if text is None:
         return None, source
     try:
