@@ -92,12 +92,8 @@ def build_model(cfg: dict):
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ff1, self.attn, self.conv, self.ff2 = (
-                FeedForward(),
-                SelfAttention(),
-                ConvModule(),
-                FeedForward(),
-            )
+            self.ff1, self.ff2 = FeedForward(), FeedForward()
+            self.attn, self.conv = SelfAttention(), ConvModule()
             self.norm = nn.LayerNorm(d)
 
         def forward(self, x):

@@ -96,14 +96,13 @@ def schedule_summary(schedule: dict) -> dict:
         shapes.add((len(frames), max(frames)))
         audio += sum(batch["durations"])
     sizes = [len(b["durations"]) for b in schedule["batches"]]
+    longest = [frames for _, frames in shapes]
     return {
         "kind": schedule["kind"],
         "steps": len(schedule["batches"]),
         "distinct_shapes": len(shapes),
         "batch_size_range": [min(sizes), max(sizes)] if sizes else [],
-        "max_frames_range": [min(s[1] for s in shapes), max(s[1] for s in shapes)]
-        if shapes
-        else [],
+        "max_frames_range": [min(longest), max(longest)] if longest else [],
         "audio_hours": round(audio / 3600, 3),
         "buckets": len(schedule["bucket_bounds"]),
         "batch_sizes": schedule["batch_sizes"],
