@@ -30,11 +30,13 @@ from autoalloc import allocconf, cachedir, entrypoint, torchinfo
 from autoalloc.allocconf import ALL_VARS, ASYNC_BACKENDS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
-from autoalloc.messages import shortened
+from autoalloc.messages import PACKAGE_DIR, shortened
 from autoalloc.plan import first_apply_rule, plan
 from autoalloc.version import __version__
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
+_OFF = "autoalloc is switched off here"  # the headline, and how the note that says why starts
+_NOT_LIVE = "autoalloc's hook is not live in this interpreter"  # the same, for the problem
 
 
 @dataclass
@@ -146,11 +148,9 @@ def _aborting_value(info: Any, env: Mapping[str, str]) -> str | None:
     """
     if info is None or info.flavour == "cpu" or info.release < (2, 10):
         return None
-    for name in (allocconf.CUDA_VAR, allocconf.ALLOC_VAR):
-        if name in env:
-            if allocconf.aborts_import(env[name]):
-                return f"{name}={env[name]!r} makes `import torch` abort on {info.describe()}"
-            return None
+    name = next((n for n in (allocconf.CUDA_VAR, allocconf.ALLOC_VAR) if n in env), None)
+    if name is not None and allocconf.aborts_import(env[name]):
+        return f"{name}={env[name]!r} makes `import torch` abort on {info.describe()}"
     return None
 
 
@@ -189,11 +189,9 @@ def _reported(
     key: str, reports: Mapping[str, Any], env_value: str | None
 ) -> tuple[str | None, str]:
     """torch's value for ``key`` as allocator text, and where it came from."""
-    snapshot = reports.get("snapshot")
-    if snapshot:
-        value = allocconf.from_snapshot(key, snapshot)
-        if value is not False:
-            return value, "snapshot"
+    value = allocconf.from_snapshot(key, reports.get("snapshot") or {})  # False: not reported
+    if value is not False:
+        return value, "snapshot"
     getter = reports.get("getter")
     text, source = (getter, "getter") if getter is not None else (env_value, "environment")
     if text is None:
@@ -288,13 +286,12 @@ def _intent(
         and decision.writes.get(APPLIED_VAR) == env.get(APPLIED_VAR)
     )
     if applied is not None and not own:
-        intact = applied[1] == current
         out.inherited = {
             "rule": applied[0],
             "value": applied[1],
             "torch_reads": read_var,
             "current": current,
-            "intact": intact,
+            "intact": applied[1] == current,
         }
     changed = out.inherited is not None and not out.inherited["intact"]
     if decision is not None:
@@ -308,9 +305,8 @@ def _intent(
             )
         if decision.action != "inherited" and changed:
             out.problems.append(
-                f"a parent process applied rule {applied[0]} ({applied[1]!r}), "
-                f"but {read_var or 'the variable'} "
-                f"is now {current!r}: changed after autoalloc set it"
+                f"a parent process applied rule {applied[0]} ({applied[1]!r}), but "
+                f"{read_var or 'the variable'} is now {current!r}: changed after autoalloc set it"
             )
             if decision.action in ("none", "skip"):
                 out.options = {}
@@ -334,13 +330,9 @@ def _in_effect(
     in_effect: dict[str, dict[str, Any]] = {}
     for key, want in intent.items():
         got, source = _reported(key, reports, current)
-        in_effect[key] = {
-            "intended": want,
-            "reported": got,
-            "reported_by": source,
-            "ok": _same(key, want, got),
-        }
-        if not in_effect[key]["ok"]:
+        ok = _same(key, want, got)
+        in_effect[key] = {"intended": want, "reported": got, "reported_by": source, "ok": ok}
+        if not ok:
             problems.append(
                 f"autoalloc meant {key}:{want}, but torch reports {key}:{got} ({source})"
             )
@@ -368,20 +360,13 @@ def _python() -> dict[str, Any]:
     return {
         "executable": sys.executable,
         "version": sys.version.split()[0],
-        "flags": {
-            "no_site": bool(sys.flags.no_site),
-            "isolated": bool(sys.flags.isolated),
-            "no_user_site": bool(sys.flags.no_user_site),
-        },
+        "flags": {k: bool(getattr(sys.flags, k)) for k in ("no_site", "isolated", "no_user_site")},
         "frozen": bool(getattr(sys, "frozen", False)),
     }
 
 
 def status() -> Status:
-    """Import torch (the hook decides then, if it has not) and report what torch uses.
-
-    See the module's docstring for what is reported.
-    """
+    """Import torch (the hook decides then, if it has not) and report what torch uses."""
     from autoalloc import guards, hook
 
     armed = _watcher_armed()
@@ -398,9 +383,9 @@ def status() -> Status:
     if not hook_dict["live"]:
         why = "; ".join(not_live)
         if opted_out:
-            notes.append(f"autoalloc is switched off here: {why}")
+            notes.append(f"{_OFF}: {why}")
         else:
-            problems.append(f"autoalloc's hook is not live in this interpreter: {why}")
+            problems.append(f"{_NOT_LIVE}: {why}")
     reports = _torch_reports(torch)
     reports["imported"] = torch is not None
     snapshot = reports["snapshot"] or {}  # where it cannot say (False), guards' model answers
@@ -426,7 +411,8 @@ def status() -> Status:
         summary = "torch was not imported: " + (problems[0] if problems else "unknown")
     found = None if info is None else {k: getattr(info, k) for k in ("version", "flavour", "path")}
     return Status(
-        ok=ok, summary=summary, python=_python(), autoalloc=_autoalloc(), torch=found,
+        ok=ok, summary=summary, python=_python(),
+        autoalloc={"version": __version__, "path": PACKAGE_DIR}, torch=found,
         hook=hook_dict, environment=_environment(env, info, read_var),
         decision=None if decision is None else decision.as_dict(), inherited=intent.inherited,
         matching_job=matching_job, torch_reports=reports, in_effect=in_effect, problems=problems,
@@ -448,8 +434,7 @@ def _watching(state: Any) -> dict[str, Any]:
     policy = state.policy
     if policy is None:
         return {}
-    valued = policy.adaptive
-    watch = state.adaptive
+    valued, watch = policy.adaptive, state.adaptive
     return {
         "adaptive": {
             "value": valued.value,
@@ -461,10 +446,6 @@ def _watching(state: Any) -> dict[str, Any]:
             "optimizer_built": state.trains,
         },
     }
-
-
-def _autoalloc() -> dict[str, Any]:
-    return {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))}
 
 
 def _environment(env: Mapping[str, str], info: Any, read_var: str | None) -> dict[str, Any]:
@@ -486,11 +467,7 @@ def _summary(
 ) -> str:
     options = ",".join(f"{k}:{v}" for k, v in intent.items())
     if not hook["live"]:
-        return (
-            "autoalloc is switched off here"
-            if opted_out
-            else "autoalloc's hook is not live in this interpreter"
-        )
+        return _OFF if opted_out else _NOT_LIVE
     if not intent:
         return nothing_to_do(decision)
     if ok:
@@ -538,9 +515,8 @@ def nothing_to_do(decision: Decision | None) -> str:
     return f"nothing to do in this process ({why}); {_CHECK_A_JOB}"
 
 
-def render(status: Status) -> str:
+def render(s: Status) -> str:
     """The text form of a status."""
-    s = status
     verdict = "OK" if s.ok else "PROBLEM"
     lines = [f"autoalloc {s.autoalloc.get('version', '')}: {verdict}: {s.summary}"]
     lines += _render_setup(s) + _render_decision(s) + _render_torch(s) + _render_messages(s)
