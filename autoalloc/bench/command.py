@@ -1,11 +1,8 @@
 """``autoalloc bench``: the ``ab`` runner on the synthetic workload, with its extra arms.
 
-Arms (each run its own process of ``python -m autoalloc.bench.workload``):
-
-- ``on``          autoalloc's hook, on a rule of a policy the bench writes (``AUTOALLOC_CONFIG``);
-- ``off``         autoalloc disabled, ``expandable_segments:False``;
-- ``setter``      the runtime setter after the model is on the GPU (NeMo's approach);
-- ``static-on``, ``static-off``: one fixed batch shape, with and without the option.
+Arms (``ARMS``, each run its own process of ``python -m autoalloc.bench.workload``):
+autoalloc's hook on a rule of a policy the bench writes (``AUTOALLOC_CONFIG``) against
+autoalloc off, NeMo's runtime setter, and one fixed batch shape with and without the option.
 
 The memory cap comes from a probe run (each bucket's worst batch), so that peak allocated
 memory sits near ``--fill`` of the cap. Without a GPU (or with ``--smoke``) it says so and
@@ -25,6 +22,7 @@ from typing import Any
 
 from autoalloc.ab import runner, table
 from autoalloc.ab.arms import Arm
+from autoalloc.ab.outdir import private_run_dir
 from autoalloc.ab.plot import plot
 from autoalloc.allocconf import ALL_VARS, CUDA_VAR
 from autoalloc.bench import schedule
@@ -400,8 +398,6 @@ def output_dir(args: argparse.Namespace) -> str:
     """``--out``, or (decided once, kept in ``args``) a new private directory under the user
     cache directory, as ``autoalloc ab`` uses: named on stderr."""
     if args.out is None:
-        from autoalloc.ab.outdir import private_run_dir
-
         args.out = private_run_dir("bench")
         print(f"bench: logs, runs and results go to {args.out} (--out to choose)", file=sys.stderr)
     return str(args.out)

@@ -88,12 +88,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=int, help="optimizer steps to run (default: the preset's steps + warm-up)"
     )
-    p.add_argument("--static", action="store_true", help="one fixed batch shape (the control)")
-    p.add_argument(
-        "--setter",
-        action="store_true",
-        help="apply expandable_segments:True with the runtime setter",
-    )
+    for flag, text in (
+        ("--static", "one fixed batch shape (the control)"),
+        ("--setter", "apply expandable_segments:True with the runtime setter"),
+    ):
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cap-gb", type=float, help="memory cap in GiB (per-process memory fraction)")
     shape_options(p)
