@@ -3,15 +3,13 @@
 Installed once torch's module has executed, and only around configuration calls (never
 on an allocation path):
 
-- torch's runtime setters (``torch._C._accelerator_setAllocatorSettings`` on 2.10+,
-  ``torch._C._cuda_cudaCachingAllocator_set_allocator_settings`` before; both reached by
-  ``torch.cuda.memory._set_allocator_settings``), in a process where autoalloc applied
-  options or inherited a job's:
+- torch's runtime setters (``_SETTERS`` on ``torch._C``, which
+  ``torch.cuda.memory._set_allocator_settings`` calls), in a process where autoalloc
+  applied options or inherited a job's:
   - a call that turns expandable segments off or changes the backend gets one warning at
     the caller's file and line;
-  - a call that drops options in effect (every call resets ``max_split_size_mb``,
-    ``roundup_power2_divisions`` and ``garbage_collection_threshold`` unless it names them,
-    see ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
+  - a call that drops options in effect (what every call resets unless it names it:
+    ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
     from, or, with ``on_setter = "merge"``, passes torch the call's options merged over
     what is in effect;
   every call is recorded (``Setters.calls``, on the hook's state) for ``doctor`` and
@@ -39,7 +37,7 @@ from autoalloc import allocconf, messages, torchinfo
 from autoalloc.envvars import ORIGINAL_VAR, global_rank
 from autoalloc.records import fields, record
 
-_SETTERS = (
+_SETTERS = (  # 2.10+, and before
     "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"
 )
 # Frames between the user's call and ours: torch's (its deprecated wrapper) and the modules
