@@ -114,9 +114,8 @@ def _hash(self: Any) -> int:
 
 
 def _getstate(self: Any) -> dict:
-    # Fields equal to their class-level default are left out: the attribute lookup finds the
-    # default on the class. The layer cache pickles every rule of the policy, and restoring
-    # a field costs the same whether it holds a default or not.
+    # Fields equal to their class-level default are left out (the module's docstring says
+    # why): the attribute lookup finds the default on the class.
     cls = type(self)
     defaults = cls.__record_defaults__
     return {
