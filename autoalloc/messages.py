@@ -33,8 +33,7 @@ def closest(word: object, choices: Iterable[str]) -> str | None:
         return None
     import difflib  # only when there is a mistake to report
 
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return close[0] if close else None
+    return next(iter(difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)), None)
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
