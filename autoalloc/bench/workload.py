@@ -91,6 +91,7 @@ def parser() -> argparse.ArgumentParser:
     for flag, text in (
         ("--static", "one fixed batch shape (the control)"),
         ("--setter", "apply expandable_segments:True with the runtime setter"),
+        ("--check-settings", "print the allocator settings torch reports"),
     ):
         p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
@@ -103,9 +104,6 @@ def parser() -> argparse.ArgumentParser:
         "--probe",
         metavar="PATH",
         help="run each bucket's worst batch once; write peak memory to PATH",
-    )
-    p.add_argument(
-        "--check-settings", action="store_true", help="print the allocator settings torch reports"
     )
     return p
 
