@@ -29,12 +29,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from autoalloc.counters import StepSampler
-
-Mode = Literal["off", "advise", "apply"]
-MODES: tuple[Mode, ...] = ("off", "advise", "apply")
 
 
 @dataclass(frozen=True)
@@ -102,11 +99,12 @@ def _ratio(records: Sequence[Mapping[str, int]]) -> float | None:
 def advice(finding: Finding, command: Sequence[str]) -> str:
     """The one warning of ``advise``: the figures, the command to measure, the rule to add."""
     cmd = " ".join(command) if command else "<your command>"
+    script = next((os.path.basename(a) for a in command if a.endswith(".py")), "train.py")
     return (
         f"autoalloc: the CUDA allocator re-allocates on most steps ({finding.describe()}). "
         f"expandable_segments may help: measure with `autoalloc ab -- {cmd}`, or turn it on for "
         f'this program with a rule in autoalloc.toml ([[rules]] name = "my-trainer" scripts = '
-        f'["{_script(command)}"]), or set adaptive = "apply"'
+        f'["{script}"]), or set adaptive = "apply"'
     )
 
 
@@ -116,11 +114,6 @@ def applied_message(finding: Finding) -> str:
         "expandable_segments turned on through the runtime setter and the unused cached "
         'segments released (adaptive = "apply")'
     )
-
-
-def _script(command: Sequence[str]) -> str:
-    scripts = [a for a in command if a.endswith(".py")]
-    return os.path.basename(scripts[0]) if scripts else "train.py"
 
 
 class Watch:

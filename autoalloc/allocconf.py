@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field
 from typing import Literal
 
+from autoalloc.messages import did_you_mean, shortened
 from autoalloc.records import record
 from autoalloc.torchinfo import TorchInfo
 
@@ -87,8 +88,6 @@ def _fraction(closed: bool) -> Callable[[object], str]:
 def _choice(*choices: str) -> Callable[[object], str]:
     def check(v: object) -> str:
         if v not in choices:
-            from autoalloc.messages import did_you_mean
-
             hint = did_you_mean(v, choices)
             raise ConfError("must be one of " + ", ".join(repr(c) for c in choices) + hint)
         return str(v)
@@ -133,50 +132,35 @@ SnapshotKind = Literal["bool", "int", "float", "mib"]
 
 @record(frozen=True)
 class Key:
-    """One allocator option: the first torch release that knows it, its value check, and
-    where ``torch.cuda.memory._snapshot()["allocator_settings"]`` reports it (name, kind)."""
+    """One allocator option: the first torch release that knows it, its value check, and how
+    ``torch.cuda.memory._snapshot()["allocator_settings"]`` reports it (under the option's
+    name, less the ``_mb`` of a size, which it reports in bytes), if it does."""
 
     name: str
     since: tuple[int, int]
     check: Callable[[object], str]
-    cuda_only: bool = False
-    snapshot: tuple[str, SnapshotKind] | None = None
+    snapshot: SnapshotKind | None = None
 
 
 KEYS: dict[str, Key] = {
     k.name: k
     for k in (
-        Key("expandable_segments", (2, 1), _bool, snapshot=("expandable_segments", "bool")),
-        Key("max_split_size_mb", (1, 13), _int(low=20), snapshot=("max_split_size", "mib")),
-        Key(
-            "garbage_collection_threshold", (1, 13), _fraction(closed=False),
-            snapshot=("garbage_collection_threshold", "float"),
-        ),
+        Key("expandable_segments", (2, 1), _bool, "bool"),
+        Key("max_split_size_mb", (1, 13), _int(low=20), "mib"),
+        Key("garbage_collection_threshold", (1, 13), _fraction(closed=False), "float"),
         Key("roundup_power2_divisions", (1, 13), _roundup),
-        Key("backend", (2, 0), _choice("native", "cudaMallocAsync"), cuda_only=True),
-        Key(
-            "release_lock_on_cudamalloc", (2, 2), _bool, cuda_only=True,
-            snapshot=("release_lock_on_cudamalloc", "bool"),
-        ),
-        Key(
-            "pinned_use_cuda_host_register", (2, 2), _bool, cuda_only=True,
-            snapshot=("pinned_use_cuda_host_register", "bool"),
-        ),
-        Key(
-            "pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True),
-            cuda_only=True, snapshot=("pinned_num_register_threads", "int"),
-        ),
+        Key("backend", (2, 0), _choice("native", "cudaMallocAsync")),
+        Key("release_lock_on_cudamalloc", (2, 2), _bool, "bool"),
+        Key("pinned_use_cuda_host_register", (2, 2), _bool, "bool"),
+        Key("pinned_num_register_threads", (2, 2), _int(low=1, high=128, pow2=True), "int"),
         Key("max_non_split_rounding_mb", (2, 6), _int(low=20)),
         Key("pinned_use_background_threads", (2, 6), _bool),
-        Key(
-            "graph_capture_record_stream_reuse", (2, 9), _bool, cuda_only=True,
-            snapshot=("graph_capture_record_stream_reuse", "bool"),
-        ),
-        Key("per_process_memory_fraction", (2, 10), _fraction(closed=True), cuda_only=True),
-        Key("pinned_reserve_segment_size_mb", (2, 10), _int(low=1), cuda_only=True),
+        Key("graph_capture_record_stream_reuse", (2, 9), _bool, "bool"),
+        Key("per_process_memory_fraction", (2, 10), _fraction(closed=True)),
+        Key("pinned_reserve_segment_size_mb", (2, 10), _int(low=1)),
         Key("large_segment_size_mb", (2, 11), _int(low=11)),
-        Key("pinned_free_catch_all", (2, 12), _bool, cuda_only=True),
-        Key("throw_on_cudamalloc_oom", (2, 12), _bool, cuda_only=True),
+        Key("pinned_free_catch_all", (2, 12), _bool),
+        Key("throw_on_cudamalloc_oom", (2, 12), _bool),
         Key("pinned_max_round_threshold_mb", (2, 13), _int(low=1)),
         Key("pinned_max_cached_size_mb", (2, 13), _int(low=1)),
     )
@@ -195,17 +179,11 @@ def version_error(key: str, value: str, release: tuple[int, int]) -> str | None:
     return None
 
 
-def _short(value: object) -> str:
-    from autoalloc.messages import shortened  # only when there is a mistake to report
-
-    return shortened(value)
-
-
 def serialize_value(key: str, value: object) -> str:
     """Torch's text for one policy value (TOML-typed); raises ConfError for anything invalid."""
     spec = KEYS.get(key)
     if spec is None:
-        raise ConfError(f"unknown allocator option {_short(key)}")
+        raise ConfError(f"unknown allocator option {shortened(key)}")
     return spec.check(value)
 
 
@@ -314,16 +292,16 @@ def parse(text: str) -> list[tuple[str, str]]:
     for item in items:
         key, sep, value = item.partition(":")
         if not sep or not re.match(_KEY_RE, key) or not value:
-            raise ConfError(f"{_short(item)} is not key:value")
+            raise ConfError(f"{shortened(item)} is not key:value")
         if value.startswith("["):
             if not value.endswith("]"):
-                raise ConfError(f"{_short(item)} has text after ']'")
+                raise ConfError(f"{shortened(item)} has text after ']'")
             for entry in value[1:-1].split(","):
                 left, sep, right = entry.partition(":")
                 if not (sep and re.match(_ATOM_RE, left) and re.match(_ATOM_RE, right)):
-                    raise ConfError(f"{_short(item)} has a malformed list")
+                    raise ConfError(f"{shortened(item)} has a malformed list")
         elif not re.match(_ATOM_RE, value):
-            raise ConfError(f"{_short(item)} has a malformed value")
+            raise ConfError(f"{shortened(item)} has a malformed value")
         pairs.append((key, value))
     return pairs
 
@@ -447,9 +425,10 @@ def from_snapshot(key: str, settings: Mapping[str, object]) -> str | bool | None
     None: torch reports the default (no value); False: the snapshot does not report this key.
     """
     spec = KEYS.get(key)
-    if spec is None or spec.snapshot is None or spec.snapshot[0] not in settings:
+    kind = spec.snapshot if spec is not None else None
+    name = key[: -len("_mb")] if kind == "mib" else key
+    if kind is None or name not in settings:
         return False
-    name, kind = spec.snapshot
     raw = settings[name]
     if kind == "bool":
         return "True" if raw else "False"
@@ -476,9 +455,6 @@ class InEffect:
     def refused(self) -> bool:
         """The program turned expandable segments off at run time: its choice, kept."""
         return SEGMENTS in self.runtime and last_value(self.pairs, SEGMENTS) == "False"
-
-    def text(self) -> str:
-        return serialize(self.pairs)
 
 
 def read_order(torch: TorchInfo | None) -> tuple[str, ...]:
@@ -509,22 +485,17 @@ def effective_var(env: Mapping[str, str], torch: TorchInfo | None) -> str | None
 # first use, then each ``_set_allocator_settings`` / ``_accelerator_setAllocatorSettings`` call)
 # first puts these keys back to torch's defaults and then applies the string; every other key
 # keeps the value it had (``parseArgs`` in c10/cuda/CUDACachingAllocator.cpp up to 2.1,
-# c10/cuda/CUDAAllocatorConfig.cpp from 2.2, c10/core/AllocatorConfig.cpp from 2.9). Checked
-# against torch 2.13 and 2.14.1 by tests/test_setter_model.py. Release -> keys, newest last.
-_RESET_SINCE_1_13 = frozenset(
+# c10/cuda/CUDAAllocatorConfig.cpp from 2.2, c10/core/AllocatorConfig.cpp from 2.9), since 1.13.
+# Checked against torch 2.13 and 2.14.1 by tests/test_setter_model.py.
+_SETTER_RESETS = frozenset(
     {"max_split_size_mb", "roundup_power2_divisions", "garbage_collection_threshold"}
 )
-SETTER_RESETS: tuple[tuple[tuple[int, int], frozenset[str]], ...] = (((1, 13), _RESET_SINCE_1_13),)
 Pairs = Sequence[tuple[str, str]]
 
 
 def setter_resets(release: tuple[int, int] | None) -> frozenset[str]:
     """The keys a setter call on torch ``release`` resets unless it names them (None: newest)."""
-    found: frozenset[str] = frozenset()
-    for since, keys in SETTER_RESETS:
-        if release is None or release >= since:
-            found = keys
-    return found
+    return _SETTER_RESETS if release is None or release >= (1, 13) else frozenset()
 
 
 def _last_values(pairs: Pairs) -> dict[str, str]:

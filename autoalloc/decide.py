@@ -6,20 +6,11 @@ and the notes, but performs none of them; ``hook`` carries them out, ``explain``
 ``allocconf.serialize`` of validated values merged into a string that ``allocconf.parse``
 accepted, so it is never malformed.
 
-Conflict cases (docs/conflicts.md), each said in at most one warning per decision; a
-child process that finds ``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited``
-and says nothing:
-
-- several allocator variables set to different values: name the one the installed torch
-  reads (a set-but-empty one included) and merge into that one;
-- a key the environment already sets to another value: ``on_conflict = "keep"`` (the
-  default) keeps the environment's and warns; ``"override"`` replaces it with a note
-  (an explicit choice, shown by ``explain``, ``doctor`` and ``AUTOALLOC_DEBUG``);
-- ``backend:cudaMallocAsync``: expandable segments have no effect, so they are not added;
-- ``max_split_size_mb`` together with expandable segments: worded per torch version;
-- a value that cannot be parsed: left exactly as it is;
-- torch < 2.1, Windows, ROCm before 2.12 (or ROCm < 7.0): the key is never written;
-  CPU-only builds: written, with a note that it has no effect.
+The conflict cases of docs/conflicts.md are each said in at most one warning per decision,
+by the steps of ``resolve`` (several allocator variables, a key the environment sets
+otherwise, the backend, ``max_split_size_mb`` beside expandable segments, a value that
+cannot be parsed) and by ``platform_notes``; a child process that finds
+``AUTOALLOC_APPLIED`` matching what torch reads is ``inherited`` and says nothing.
 """
 
 from __future__ import annotations
@@ -67,9 +58,7 @@ class Decision:
     rule_source: str | None = None
     reason: str = ""
     trigger: str | None = None
-    requested: Mapping[str, str] = field(
-        default_factory=dict
-    )  # options the policy asks for, after gating
+    requested: Mapping[str, str] = field(default_factory=dict)  # the policy's options, gated
     env_before: Mapping[str, str] = field(default_factory=dict)  # allocator variables already set
     read_var: str | None = None  # the variable torch reads, after the writes
     value: str | None = None  # the allocator string torch will read
@@ -163,18 +152,19 @@ def disabled(
     """``AUTOALLOC_DISABLE`` in this process: nothing of autoalloc's, not even what a parent
     process wrote."""
     base = _as_found(entry, env, torch)
-    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
-    undone = _undo(env, torch, base) if applied is not None and applied[1] == current else None
+    undone = _undo(env, base) if applied is not None and applied[1] == base["value"] else None
     if undone is not None:
-        reason += (
-            f"; restoring the allocator variables a parent process changed (rule {applied[0]})"
-        )
+        reason += f"; {_RESTORING} (rule {applied[0]})"
     return Decision(action="disabled", reason=reason, **(undone or base))
 
 
-def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict | None:
-    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded (None: no record)."""
+_RESTORING = "restoring the allocator variables a parent process changed"
+
+
+def _undo(env: Mapping[str, str], base: dict) -> dict | None:
+    """Decision fields that put back what ``AUTOALLOC_ORIGINAL`` recorded (None: no record);
+    ``base``: those of the environment as it is (``_as_found``)."""
     try:
         original = json.loads(env.get(ORIGINAL_VAR) or "null")
     except ValueError:
@@ -190,7 +180,7 @@ def _undo(env: Mapping[str, str], torch: TorchInfo | None, base: dict) -> dict |
         ORIGINAL_VAR,
     )
     after = {k: v for k, v in {**env, **writes}.items() if k not in unsets}
-    read_var = allocconf.effective_var(after, torch)
+    read_var = allocconf.effective_var(after, base["torch"])
     value = after.get(read_var, "") if read_var else ""
     return {**base, "writes": writes, "unsets": unsets, "read_var": read_var, "value": value}
 
@@ -290,10 +280,9 @@ def decide(
     2. ``enabled = false``; 3. the first matching rule: none, skip or apply.
     """
     base = _as_found(entry, env, torch)
-    current = base["value"]
     applied = parse_applied(env.get(APPLIED_VAR))
-    if applied is not None and applied[1] == current:  # 1
-        return _from_parent(policy, entry, env, torch, imported, base, applied[0], trains)
+    if applied is not None and applied[1] == base["value"]:  # 1
+        return _from_parent(policy, env, imported, base, applied[0], trains)
     warnings = tuple(layer_warnings(policy))
     said = {"warnings": warnings, "departures": tuple(layer_warnings(policy, NODE_LAYERS))}
     if not policy.enabled.value:  # 2
@@ -319,24 +308,22 @@ def decide(
 
 def _from_parent(
     policy: Policy,
-    entry: EntryPoint,
     env: Mapping[str, str],
-    torch: TorchInfo | None,
     imported: Container[str],
     base: dict,
     parent_rule: str,
-    trains: bool = False,
+    trains: bool,
 ) -> Decision:
     """A child of a job autoalloc applied options for: silent, unless a skip rule denies it
     (a vLLM server started by a training job), which gets the user's variables back."""
+    entry = base["entry"]
     denied = first_match(policy.rules, entry, imported, trains) if policy.enabled.value else None
     if denied is not None and denied.rule is not None and denied.rule.action == "skip":
-        undone = _undo(env, torch, base)
+        undone = _undo(env, base)
         if undone is not None:
-            restoring = "restoring the allocator variables a parent process changed"
             return Decision(
                 action="skip", rule=denied.rule.name, rule_source=denied.rule.source.describe(),
-                reason=f"{denied.reason}; {restoring} (rule {parent_rule})",
+                reason=f"{denied.reason}; {_RESTORING} (rule {parent_rule})",
                 trigger=denied.trigger, **undone,
             )  # fmt: skip
     return Decision(
@@ -419,13 +406,9 @@ def resolve(
     platform: str = sys.platform,
     now: allocconf.InEffect | None = None,
 ) -> Decision:
-    """The ``apply`` decision for ``rule``: its options merged into the environment.
-
-    Steps, each saying its conflicts once: 1. gate the options by torch and platform,
-    2. read the environment's variable, 3. drop what the backend ignores, 4. drop size
-    options torch would reject together with the environment's, 5. merge and say each
-    conflicting key, 6. warn about max_split_size_mb with expandable segments, 7. the
-    environment writes (late, also the runtime-setter string).
+    """The ``apply`` decision for ``rule``: its options merged into the environment, in the
+    steps numbered below (each function's docstring says its step), each saying its
+    conflicts once.
 
     ``now`` (a late apply, torch loaded): what torch uses at this moment, the environment's
     string and the program's runtime setter calls, is what the options are merged into, with
@@ -485,7 +468,8 @@ def _for_children(state: _Resolving) -> str | None:
 
 def _merge_under(state: _Resolving, now: allocconf.InEffect) -> None:
     """Step 2 of a late apply: merge into what torch uses now; respect a runtime refusal."""
-    state.pairs, state.origin, state.base = list(now.pairs), dict(now.origin), now.text()
+    state.pairs, state.origin = list(now.pairs), dict(now.origin)
+    state.base = allocconf.serialize(now.pairs)
     if now.refused() and state.ours.pop(SEGMENTS, None) is not None:
         state.notes.append(
             f"{now.origin.get(SEGMENTS, 'the program')} set expandable_segments:False at run "
@@ -559,17 +543,14 @@ def _drop_size_clashes(state: _Resolving) -> None:
     dropped = [f"{k}:{state.ours.pop(k)}" for k in _SIZES if k in state.ours]
     if dropped:
         them = "them" if len(dropped) > 1 else "it"
+        now = f"{state.read_var}={shortened(state.existing)}"
+        if state.base is not None:
+            now = f"the allocator settings in effect ({shortened(state.base)})"
         state.depart(
             f"autoalloc: rule {state.rule.name}'s {', '.join(dropped)} together with "
-            f"{_in_effect_text(state)} would be rejected by torch ({problem}); "
+            f"{now} would be rejected by torch ({problem}); "
             f"autoalloc does not add {them}"
         )
-
-
-def _in_effect_text(state: _Resolving) -> str:
-    if state.base is None:
-        return f"{state.read_var}={shortened(state.existing)}"
-    return f"the allocator settings in effect ({shortened(state.base)})"
 
 
 def _say_conflicts(state: _Resolving, policy: Policy) -> list[tuple[str, str]]:

@@ -5,31 +5,16 @@ decides, if it has not yet) and then asks torch what it read: the getter
 ``torch._C._accelerator_getAllocatorSettings()`` (2.12+), the parsed values of
 ``torch.cuda.memory._snapshot()["allocator_settings"]`` (CUDA builds, 2.3+) and
 ``get_allocator_backend()``. Both freeze torch's allocator configuration, so this runs
-only when asked for, never on the import path.
+only when asked for, never on the import path. docs/commands.md ("autoalloc doctor") says
+what it reports; ``Status`` holds it, ``render`` words it, and a note says why the layer
+cache is not used, when it is not. The decision is this process's own: doctor's in
+``autoalloc doctor``, the script's in a training script that calls ``autoalloc.status()``;
+the hook is live where the watcher is armed or a decision was recorded.
 
-What it reports:
-
-- the interpreter, torch (version, flavour) and whether the hook is installed (a
-  ``.pth``/``.start`` file in a site directory of this interpreter) and live here (the
-  watcher is armed or a decision was recorded), with what defeats it (``-S``, ``-I``,
-  ``AUTOALLOC_DISABLE``, a frozen application);
-- the allocator variables of the environment and the one torch reads;
-- this process's decision (rule, layer file, reason, warnings). In ``autoalloc doctor``
-  that is doctor's own decision, made when doctor imported torch; in a training script
-  that calls ``autoalloc.status()`` it is the script's;
-- ``AUTOALLOC_APPLIED``: what a parent process of this job applied, and whether the
-  variable torch reads still holds it (run ``autoalloc doctor`` from inside a job, or
-  call ``autoalloc.status()`` there, to check what the job's processes get);
-- when this process applied nothing: what a job matching a rule here would be told
-  (the conflicts of docs/conflicts.md: variables, ``expandable_segments:False``,
-  ``backend:cudaMallocAsync``, unparseable values, unsupported platforms);
-- the intent (the options autoalloc applied here or inherited) against what torch
-  reports, key by key;
-- why the layer cache is not used, when it is not (``autoalloc cache``).
-
-``ok`` is True when that intent is what torch reports (or nothing was intended: no rule
-matched, a skip rule, ``AUTOALLOC_DISABLE``, ``-I``), False when it is not or when the
-hook is not working in this interpreter. ``doctor`` exits 0 or 1 accordingly.
+``ok`` is True when the intent (the options autoalloc applied here or inherited) is what
+torch reports, key by key (or nothing was intended: no rule matched, a skip rule,
+``AUTOALLOC_DISABLE``, ``-I``), False when it is not or when the hook is not working in
+this interpreter. ``doctor`` exits 0 or 1 accordingly.
 """
 
 from __future__ import annotations
@@ -41,15 +26,17 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autoalloc import allocconf, torchinfo
-from autoalloc.allocconf import ALL_VARS
+from autoalloc import allocconf, cachedir, entrypoint, torchinfo
+from autoalloc.allocconf import ALL_VARS, ASYNC_BACKENDS
 from autoalloc.decide import Decision, parse_applied, platform_notes
 from autoalloc.envvars import APPLIED_VAR, DISABLE_VAR, truthy
-from autoalloc.messages import shortened
+from autoalloc.messages import PACKAGE_DIR, shortened
 from autoalloc.plan import first_apply_rule, plan
 from autoalloc.version import __version__
 
 HOOK_FILES = ("autoalloc.pth", "autoalloc.start")
+_OFF = "autoalloc is switched off here"  # the headline, and how the note that says why starts
+_NOT_LIVE = "autoalloc's hook is not live in this interpreter"  # the same, for the problem
 
 
 @dataclass
@@ -71,9 +58,7 @@ class Status:
     torch_reports: dict[str, Any]
     in_effect: dict[str, dict[str, Any]]
     problems: list[str] = field(default_factory=list)  # what keeps the intent from being in effect
-    warnings: list[str] = field(
-        default_factory=list
-    )  # what autoalloc told this process when it decided
+    warnings: list[str] = field(default_factory=list)  # what autoalloc said when it decided
     notes: list[str] = field(default_factory=list)
     autoalloc: dict[str, Any] = field(default_factory=dict)
     watching: dict[str, Any] = field(default_factory=dict)  # adaptive mode, training rules
@@ -110,9 +95,10 @@ def _watcher_armed() -> bool:
 def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bool]:
     """Installed (files), live (armed or decided), why not; and whether this is a deliberate
     opt-out."""
+    dirs = _site_dirs()
     files = [
         os.path.join(d, name)
-        for d in _site_dirs()
+        for d in dirs
         for name in HOOK_FILES
         if os.path.isfile(os.path.join(d, name))
     ]
@@ -132,11 +118,8 @@ def hook_info(decided: bool, armed: bool) -> tuple[dict[str, Any], list[str], bo
         if getattr(sys, "frozen", False):
             why.append("a frozen application (sys.frozen): .pth files are not processed")
         if not files:
-            why.append(
-                "autoalloc.pth is in no site directory of this interpreter ("
-                + ", ".join(_site_dirs())
-                + ")"
-            )
+            where = ", ".join(dirs)
+            why.append(f"autoalloc.pth is in no site directory of this interpreter ({where})")
         elif all(os.path.dirname(f) == user_site for f in files) and sys.flags.no_user_site:
             why.append(
                 "autoalloc.pth is only in the user site directory, which -s / PYTHONNOUSERSITE "
@@ -165,27 +148,22 @@ def _aborting_value(info: Any, env: Mapping[str, str]) -> str | None:
     """
     if info is None or info.flavour == "cpu" or info.release < (2, 10):
         return None
-    for name in (allocconf.CUDA_VAR, allocconf.ALLOC_VAR):
-        if name in env:
-            if allocconf.aborts_import(env[name]):
-                return f"{name}={env[name]!r} makes `import torch` abort on {info.describe()}"
-            return None
+    name = next((n for n in (allocconf.CUDA_VAR, allocconf.ALLOC_VAR) if n in env), None)
+    if name is not None and allocconf.aborts_import(env[name]):
+        return f"{name}={env[name]!r} makes `import torch` abort on {info.describe()}"
     return None
 
 
 def _torch_reports(torch: Any) -> dict[str, Any]:
     """What torch says is in effect (this builds torch's allocator config if nothing did yet)."""
     out: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None, "errors": {}}
+    if torch is None:
+        return out
     try:
         out["getter"] = torchinfo.allocator_string(torch)
     except Exception as exc:
-        out["errors"]["getter"] = (
-            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-    gpu_build = (
-        getattr(torch.version, "cuda", None) is not None
-        or getattr(torch.version, "hip", None) is not None
-    )
+        out["errors"]["getter"] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    gpu_build = any(getattr(torch.version, name, None) is not None for name in ("cuda", "hip"))
     memory = getattr(getattr(torch, "cuda", None), "memory", None)
     if gpu_build and memory is not None:
         backend = getattr(memory, "get_allocator_backend", None)
@@ -202,7 +180,7 @@ def _torch_reports(torch: Any) -> dict[str, Any]:
                     k: v for k, v in settings.items() if not isinstance(v, (list, dict))
                 }
             except Exception as exc:
-                text = str(exc).splitlines()[0] if str(exc) else ""
+                text = (str(exc).splitlines() or [""])[0]
                 out["errors"]["snapshot"] = f"{type(exc).__name__}: {text}"
     return out
 
@@ -211,33 +189,17 @@ def _reported(
     key: str, reports: Mapping[str, Any], env_value: str | None
 ) -> tuple[str | None, str]:
     """torch's value for ``key`` as allocator text, and where it came from."""
-    snapshot = reports.get("snapshot")
-    if snapshot:
-        value = allocconf.from_snapshot(key, snapshot)
-        if value is not False:
-            return value, "snapshot"
-    text, source = (
-        (reports["getter"], "getter")
-        if reports.get("getter") is not None
-        else (env_value, "environment")
-    )
+    value = allocconf.from_snapshot(key, reports.get("snapshot") or {})  # False: not reported
+    if value is not False:
+        return value, "snapshot"
+    getter = reports.get("getter")
+    text, source = (getter, "getter") if getter is not None else (env_value, "environment")
     if text is None:
         return None, source
     try:
         return allocconf.last_value(allocconf.parse(text), key), source
     except allocconf.ConfError:
         return None, source
-
-
-def _setter_report(reports: Mapping[str, Any]) -> dict[str, Any] | None:
-    from autoalloc import guards, hook
-
-    def parsed(key: str) -> str | bool | None:
-        snapshot = reports.get("snapshot")
-        # False where torch cannot say: guards' model of the calls answers
-        return allocconf.from_snapshot(key, snapshot) if snapshot else False
-
-    return guards.setter_report(hook.STATE, parsed, _same)
 
 
 def _same(key: str, intended: str, reported: str | None) -> bool:
@@ -256,8 +218,6 @@ def _matching_job(state: Any, env: Mapping[str, str], info: Any, said: list[str]
 
     ``said``: notes doctor gives already (the platform's), not repeated.
     """
-    from autoalloc import entrypoint
-
     entry = state.plan.entry if state.plan is not None else entrypoint.EntryPoint("unknown")
     job_env = {k: v for k, v in env.items() if k != APPLIED_VAR}  # a job of its own, not a child
     cwd = entrypoint.current_cwd()
@@ -279,8 +239,6 @@ def _matching_job(state: Any, env: Mapping[str, str], info: Any, said: list[str]
 
 def _import_torch(problems: list[str]) -> Any:
     """torch, imported here (the hook decides now, if it has not), or None with the problem."""
-    from autoalloc import torchinfo
-
     fatal = None if "torch" in sys.modules else _aborting_value(torchinfo.locate(), os.environ)
     if fatal:
         problems.append(f"{fatal}: not importing torch (it would abort this process too)")
@@ -295,8 +253,6 @@ def _import_torch(problems: list[str]) -> Any:
 
 def _torch_info(state: Any, torch: Any) -> Any:
     """The installed torch, as the hook saw it, else as found now."""
-    from autoalloc import torchinfo
-
     if state.torch is not None:
         return state.torch
     if torch is None:
@@ -330,31 +286,27 @@ def _intent(
         and decision.writes.get(APPLIED_VAR) == env.get(APPLIED_VAR)
     )
     if applied is not None and not own:
-        intact = applied[1] == current
         out.inherited = {
             "rule": applied[0],
             "value": applied[1],
             "torch_reads": read_var,
             "current": current,
-            "intact": intact,
+            "intact": applied[1] == current,
         }
     changed = out.inherited is not None and not out.inherited["intact"]
     if decision is not None:
         if decision.action in ("apply", "inherited"):
             out.options = decision.applied()
             if decision.action == "apply" and not out.options and decision.requested:
-                out.options = dict(
-                    decision.requested
-                )  # not applied (an unparseable value): not in effect
+                out.options = dict(decision.requested)  # not applied (unparseable): not in effect
         if own:
             out.notes.append(
                 f"child processes inherit what this process applied ({APPLIED_VAR}) and stay silent"
             )
         if decision.action != "inherited" and changed:
             out.problems.append(
-                f"a parent process applied rule {applied[0]} ({applied[1]!r}), "
-                f"but {read_var or 'the variable'} "
-                f"is now {current!r}: changed after autoalloc set it"
+                f"a parent process applied rule {applied[0]} ({applied[1]!r}), but "
+                f"{read_var or 'the variable'} is now {current!r}: changed after autoalloc set it"
             )
             if decision.action in ("none", "skip"):
                 out.options = {}
@@ -378,21 +330,14 @@ def _in_effect(
     in_effect: dict[str, dict[str, Any]] = {}
     for key, want in intent.items():
         got, source = _reported(key, reports, current)
-        in_effect[key] = {
-            "intended": want,
-            "reported": got,
-            "reported_by": source,
-            "ok": _same(key, want, got),
-        }
-        if not in_effect[key]["ok"]:
+        ok = _same(key, want, got)
+        in_effect[key] = {"intended": want, "reported": got, "reported_by": source, "ok": ok}
+        if not ok:
             problems.append(
                 f"autoalloc meant {key}:{want}, but torch reports {key}:{got} ({source})"
             )
     backend = reports.get("backend")
-    if intent.get("expandable_segments") == "True" and backend in (
-        "pluggable",
-        *allocconf.ASYNC_BACKENDS,
-    ):
+    if intent.get("expandable_segments") == "True" and backend in ("pluggable", *ASYNC_BACKENDS):
         in_effect["expandable_segments"]["ok"] = False
         problems.append(
             f"torch's allocator backend is {backend}: expandable segments have no effect"
@@ -415,21 +360,14 @@ def _python() -> dict[str, Any]:
     return {
         "executable": sys.executable,
         "version": sys.version.split()[0],
-        "flags": {
-            "no_site": bool(sys.flags.no_site),
-            "isolated": bool(sys.flags.isolated),
-            "no_user_site": bool(sys.flags.no_user_site),
-        },
+        "flags": {k: bool(getattr(sys.flags, k)) for k in ("no_site", "isolated", "no_user_site")},
         "frozen": bool(getattr(sys, "frozen", False)),
     }
 
 
 def status() -> Status:
-    """Import torch (the hook decides then, if it has not) and report what torch uses.
-
-    See the module's docstring for what is reported.
-    """
-    from autoalloc import hook
+    """Import torch (the hook decides then, if it has not) and report what torch uses."""
+    from autoalloc import guards, hook
 
     armed = _watcher_armed()
     problems: list[str] = []
@@ -445,12 +383,13 @@ def status() -> Status:
     if not hook_dict["live"]:
         why = "; ".join(not_live)
         if opted_out:
-            notes.append(f"autoalloc is switched off here: {why}")
+            notes.append(f"{_OFF}: {why}")
         else:
-            problems.append(f"autoalloc's hook is not live in this interpreter: {why}")
-    reports = _torch_reports(torch) if torch is not None else dict(_NO_REPORTS, errors={})
+            problems.append(f"{_NOT_LIVE}: {why}")
+    reports = _torch_reports(torch)
     reports["imported"] = torch is not None
-    setter = _setter_report(reports)
+    snapshot = reports["snapshot"] or {}  # where it cannot say (False), guards' model answers
+    setter = guards.setter_report(state, lambda k: allocconf.from_snapshot(k, snapshot), _same)
     if setter is not None:  # a runtime setter call changed what torch uses since it read the string
         reports["setter_calls"] = setter
     current = env.get(read_var, "") if read_var else None
@@ -470,8 +409,10 @@ def status() -> Status:
         summary = ready(matching_job)  # what a user runs a bare `autoalloc doctor` for
     if torch is None:
         summary = "torch was not imported: " + (problems[0] if problems else "unknown")
+    found = None if info is None else {k: getattr(info, k) for k in ("version", "flavour", "path")}
     return Status(
-        ok=ok, summary=summary, python=_python(), autoalloc=_autoalloc(), torch=_torch_dict(info),
+        ok=ok, summary=summary, python=_python(),
+        autoalloc={"version": __version__, "path": PACKAGE_DIR}, torch=found,
         hook=hook_dict, environment=_environment(env, info, read_var),
         decision=None if decision is None else decision.as_dict(), inherited=intent.inherited,
         matching_job=matching_job, torch_reports=reports, in_effect=in_effect, problems=problems,
@@ -482,8 +423,6 @@ def status() -> Status:
 
 def _cache_notes() -> list[str]:
     """Why the layer cache is not used, when it is not (every process then parses anew)."""
-    from autoalloc import cachedir
-
     state = cachedir.describe()
     if state["used"] or state["path"] is None:
         return []
@@ -495,8 +434,7 @@ def _watching(state: Any) -> dict[str, Any]:
     policy = state.policy
     if policy is None:
         return {}
-    valued = policy.adaptive
-    watch = state.adaptive
+    valued, watch = policy.adaptive, state.adaptive
     return {
         "adaptive": {
             "value": valued.value,
@@ -508,19 +446,6 @@ def _watching(state: Any) -> dict[str, Any]:
             "optimizer_built": state.trains,
         },
     }
-
-
-_NO_REPORTS: dict[str, Any] = {"getter": None, "snapshot": None, "backend": None}
-
-
-def _autoalloc() -> dict[str, Any]:
-    return {"version": __version__, "path": os.path.dirname(os.path.abspath(__file__))}
-
-
-def _torch_dict(info: Any) -> dict[str, Any] | None:
-    if info is None:
-        return None
-    return {"version": info.version, "flavour": info.flavour, "path": info.path}
 
 
 def _environment(env: Mapping[str, str], info: Any, read_var: str | None) -> dict[str, Any]:
@@ -542,11 +467,7 @@ def _summary(
 ) -> str:
     options = ",".join(f"{k}:{v}" for k, v in intent.items())
     if not hook["live"]:
-        return (
-            "autoalloc is switched off here"
-            if opted_out
-            else "autoalloc's hook is not live in this interpreter"
-        )
+        return _OFF if opted_out else _NOT_LIVE
     if not intent:
         return nothing_to_do(decision)
     if ok:
@@ -594,9 +515,8 @@ def nothing_to_do(decision: Decision | None) -> str:
     return f"nothing to do in this process ({why}); {_CHECK_A_JOB}"
 
 
-def render(status: Status) -> str:
+def render(s: Status) -> str:
     """The text form of a status."""
-    s = status
     verdict = "OK" if s.ok else "PROBLEM"
     lines = [f"autoalloc {s.autoalloc.get('version', '')}: {verdict}: {s.summary}"]
     lines += _render_setup(s) + _render_decision(s) + _render_torch(s) + _render_messages(s)

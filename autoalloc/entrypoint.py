@@ -47,29 +47,23 @@ class EntryPoint:
         return self.kind
 
 
-def _abspath(path: str, cwd: str | None) -> str:
-    if not os.path.isabs(path) and cwd:
-        path = os.path.join(cwd, path)
-    return os.path.normpath(path)
-
-
 def program(path: str, args: Sequence[str], cwd: str | None) -> EntryPoint:
     """The entry point of running the file ``path``: a script, a directory or a command."""
-    absolute = _abspath(path, cwd)
+    given = os.path.join(cwd, path) if cwd and not os.path.isabs(path) else path
+    absolute = os.path.normpath(given)
     try:
         real = os.path.realpath(absolute)
     except (OSError, ValueError):
         real = absolute
     base = os.path.basename(absolute)
     lower = base.lower()
-    if lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES):
+    script = lower.endswith(_SCRIPT_SUFFIXES) and not lower.endswith(_WRAPPER_SUFFIXES)
+    if script or os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
         return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
     for suffix in _WRAPPER_SUFFIXES:
         if lower.endswith(suffix):
             base = base[: -len(suffix)]
             break
-    if os.path.isdir(absolute):  # `python pkgdir` runs pkgdir/__main__.py
-        return EntryPoint("script", absolute, tuple(args), path=absolute, realpath=real)
     return EntryPoint("command", base, tuple(args), path=absolute, realpath=real)
 
 

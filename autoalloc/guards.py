@@ -3,15 +3,13 @@
 Installed once torch's module has executed, and only around configuration calls (never
 on an allocation path):
 
-- torch's runtime setters (``torch._C._accelerator_setAllocatorSettings`` on 2.10+,
-  ``torch._C._cuda_cudaCachingAllocator_set_allocator_settings`` before; both reached by
-  ``torch.cuda.memory._set_allocator_settings``), in a process where autoalloc applied
-  options or inherited a job's:
+- torch's runtime setters (``_SETTERS`` on ``torch._C``, which
+  ``torch.cuda.memory._set_allocator_settings`` calls), in a process where autoalloc
+  applied options or inherited a job's:
   - a call that turns expandable segments off or changes the backend gets one warning at
     the caller's file and line;
-  - a call that drops options in effect (every call resets ``max_split_size_mb``,
-    ``roundup_power2_divisions`` and ``garbage_collection_threshold`` unless it names them,
-    see ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
+  - a call that drops options in effect (what every call resets unless it names it:
+    ``allocconf.dropped_by_setter``) gets one warning naming each one and where it came
     from, or, with ``on_setter = "merge"``, passes torch the call's options merged over
     what is in effect;
   every call is recorded (``Setters.calls``, on the hook's state) for ``doctor`` and
@@ -39,7 +37,7 @@ from autoalloc import allocconf, messages, torchinfo
 from autoalloc.envvars import ORIGINAL_VAR, global_rank
 from autoalloc.records import fields, record
 
-_SETTERS = (
+_SETTERS = (  # 2.10+, and before
     "_accelerator_setAllocatorSettings", "_cuda_cudaCachingAllocator_set_allocator_settings"
 )
 # Frames between the user's call and ours: torch's (its deprecated wrapper) and the modules
@@ -185,15 +183,11 @@ def reset_message(dropped: list[tuple[str, str]], origin: Mapping[str, str]) -> 
     )
 
 
-def _torch_dir() -> str:
-    torch = sys.modules.get("torch")
-    return os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep
-
-
 def skipped_frames() -> tuple[str, ...]:
     """The files a warning never names as the program's line: torch's, and those between the
     program's call and torch's (``_NOT_USER``)."""
-    return (_torch_dir(), *_NOT_USER)
+    torch = sys.modules.get("torch")
+    return (os.path.dirname(getattr(torch, "__file__", "") or "") + os.sep, *_NOT_USER)
 
 
 def _secondary() -> bool:
@@ -306,12 +300,11 @@ def write(state: Any, torch: Any, text: str, origin: str) -> str | None:
         setter = torch.cuda.memory._set_allocator_settings
     setter = getattr(setter, "__wrapped__", setter)
     model = _model_now(state, False)
+    model.last = text  # torch keeps even a string it refuses (what is in effect then stays)
     try:
         setter(text)
     except Exception as exc:  # ValueError on 2.10+, RuntimeError before, AttributeError on old CPU
-        model.last = text  # torch keeps the string it refused; what is in effect stays
         return f"{type(exc).__name__}: {exc}"
-    model.last = text
     try:
         _note(state, model, allocconf.parse(text), set(), origin, False)
     except allocconf.ConfError:
@@ -506,12 +499,10 @@ def _after(
 ) -> None:
     """Merge or warn once the call has run; never raises."""
     try:
-        if plan.quiet:
-            _record(state, plan, None, error)
-            return
-        effect = list(_model_now(state, False).pairs)
-        passed = _keep(original, plan, effect) if plan.merge and error is None else None
-        _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
+        merge = plan.merge and error is None  # never for a quiet plan
+        passed = _keep(original, plan, list(_model_now(state, False).pairs)) if merge else None
+        if not plan.quiet:
+            _say(state, plan, [] if passed is not None or error is not None else plan.dropped)
         _record(state, plan, passed, error)
     except Exception as exc:
         messages.debug(f"internal error in the setter guard: {exc!r}")
@@ -537,10 +528,6 @@ def _guard_custom_allocator(
         return original(*args, **kwargs)
 
     return call
-
-
-def _mempool_allocator(self: Any, allocator: Any = None, *args: Any, **kwargs: Any) -> bool:
-    return allocator is not None
 
 
 def install(state: Any) -> None:
@@ -572,7 +559,8 @@ def install(state: Any) -> None:
     init = getattr(pool, "__init__", None)
     if isinstance(pool, type) and init is not None and init is not object.__init__:
         pool.__init__ = _guard_custom_allocator(
-            init, state, "torch.cuda.MemPool", _mempool_allocator,
+            init, state, "torch.cuda.MemPool",
+            lambda self, allocator=None, *args, **kwargs: allocator is not None,
             "torch.cuda.MemPool(allocator=...) allocates through a custom allocator",
             "do not apply to its memory",
         )

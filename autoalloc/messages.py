@@ -33,8 +33,7 @@ def closest(word: object, choices: Iterable[str]) -> str | None:
         return None
     import difflib  # only when there is a mistake to report
 
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return close[0] if close else None
+    return next(iter(difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)), None)
 
 
 def did_you_mean(word: object, choices: Iterable[str]) -> str:
@@ -83,11 +82,6 @@ def _is_internal(filename: str) -> bool:
     ) or os.path.basename(filename) in ("_autoalloc_startup.py", "_autoalloc_loader.py")
 
 
-def _skipped_by_warnings(filename: str) -> bool:
-    # warnings.warn does not count importlib's bootstrap frames in stacklevel.
-    return "importlib" in filename and "_bootstrap" in filename
-
-
 def user_frame(skip: tuple[str, ...] = ()) -> tuple[int, str]:
     """The first frame above our caller that is the user's: the ``stacklevel`` that makes a
     ``warnings.warn`` in our caller land on it, and its ``file:line``.
@@ -104,7 +98,8 @@ def user_frame(skip: tuple[str, ...] = ()) -> tuple[int, str]:
         if not (_is_internal(name) or name.startswith(dirs) or os.path.basename(name) in names):
             return level, f"{name}:{frame.f_lineno}"
         frame = frame.f_back
-        if not _skipped_by_warnings(frame.f_code.co_filename if frame else ""):
+        name = frame.f_code.co_filename if frame else ""
+        if not ("importlib" in name and "_bootstrap" in name):  # not counted by warnings.warn
             level += 1
     return 1, "<unknown>"
 

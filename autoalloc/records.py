@@ -56,15 +56,7 @@ def replace(obj: R, /, **changes: Any) -> R:
 
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     cls = type(self)
-    _arguments(self, cls, cls.__record_init__, args, kwargs)
-    for name, default, factory in cls.__record_later__:  # field(init=False) with a default
-        object.__setattr__(self, name, factory() if default is _MISSING else default)
-    post_init = getattr(self, "__post_init__", None)
-    if post_init is not None:
-        post_init()
-
-
-def _arguments(self: Any, cls: type, spec: tuple, args: tuple, kwargs: dict) -> None:
+    spec = cls.__record_init__
     if len(args) > len(spec):
         raise TypeError(
             f"{cls.__qualname__}.__init__() takes {len(spec) + 1} positional arguments "
@@ -93,6 +85,11 @@ def _arguments(self: Any, cls: type, spec: tuple, args: tuple, kwargs: dict) -> 
         raise TypeError(
             f"{cls.__qualname__}.__init__() got an unexpected keyword argument {name!r}"
         )
+    for name, default, factory in cls.__record_later__:  # field(init=False) with a default
+        object.__setattr__(self, name, factory() if default is _MISSING else default)
+    post_init = getattr(self, "__post_init__", None)
+    if post_init is not None:
+        post_init()
 
 
 @reprlib.recursive_repr()
@@ -117,9 +114,8 @@ def _hash(self: Any) -> int:
 
 
 def _getstate(self: Any) -> dict:
-    # Fields equal to their class-level default are left out: the attribute lookup finds the
-    # default on the class. The layer cache pickles every rule of the policy, and restoring
-    # a field costs the same whether it holds a default or not.
+    # Fields equal to their class-level default are left out (the module's docstring says
+    # why): the attribute lookup finds the default on the class.
     cls = type(self)
     defaults = cls.__record_defaults__
     return {
@@ -158,13 +154,6 @@ def _frozen_delattr(self: Any, name: str) -> None:
     raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
-def _own_annotations(cls: type) -> dict:
-    """The class's own annotations (3.10+: the attribute never falls back to a base's)."""
-    if sys.version_info >= (3, 10):
-        return cls.__annotations__
-    return vars(cls).get("__annotations__", {})  # pragma: no cover - 3.9
-
-
 def _collect(cls: type) -> dict[str, dataclasses.Field]:
     """The fields ``dataclasses`` would collect, without its per-field type checks.
 
@@ -175,7 +164,10 @@ def _collect(cls: type) -> dict[str, dataclasses.Field]:
     found: dict[str, dataclasses.Field] = {}
     for base in reversed(cls.__mro__[1:]):
         found.update(vars(base).get(_FIELDS, {}))
-    own = _own_annotations(cls)
+    if sys.version_info >= (3, 10):
+        own = cls.__annotations__  # the class's own: never a base's
+    else:  # pragma: no cover - 3.9, where the attribute falls back to a base's
+        own = vars(cls).get("__annotations__", {})
     for name, value in cls.__dict__.items():
         if isinstance(value, dataclasses.Field) and name not in own:
             raise TypeError(f"record {cls.__qualname__}: {name!r} is a field without an annotation")

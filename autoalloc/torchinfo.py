@@ -87,18 +87,14 @@ def _assignment(line: str) -> tuple[str, str | None] | None:
 _MAX_VERSION_FILE = 65536
 
 
-def _read_regular(path: str) -> str | None:
-    """The text of ``path`` if it is a regular file (``safefile``: a FIFO there would block)."""
+def from_package_dir(package_dir: str) -> TorchInfo | None:
+    """TorchInfo for the torch package in ``package_dir`` (the folder holding ``__init__.py``);
+    ``version.py`` is read only if it is a regular file (``safefile``: a FIFO would block)."""
     try:
-        return safefile.read(path, _MAX_VERSION_FILE)[0].decode("utf-8")
+        raw = safefile.read(os.path.join(package_dir, "version.py"), _MAX_VERSION_FILE)[0]
+        return parse_version_file(raw.decode("utf-8"), package_dir)
     except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
         return None
-
-
-def from_package_dir(package_dir: str) -> TorchInfo | None:
-    """TorchInfo for the torch package in ``package_dir`` (the folder holding ``__init__.py``)."""
-    text = _read_regular(os.path.join(package_dir, "version.py"))
-    return None if text is None else parse_version_file(text, package_dir)
 
 
 def from_spec(spec: object) -> TorchInfo | None:

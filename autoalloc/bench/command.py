@@ -1,11 +1,8 @@
 """``autoalloc bench``: the ``ab`` runner on the synthetic workload, with its extra arms.
 
-Arms (each run its own process of ``python -m autoalloc.bench.workload``):
-
-- ``on``          autoalloc's hook, on a rule of a policy the bench writes (``AUTOALLOC_CONFIG``);
-- ``off``         autoalloc disabled, ``expandable_segments:False``;
-- ``setter``      the runtime setter after the model is on the GPU (NeMo's approach);
-- ``static-on``, ``static-off``: one fixed batch shape, with and without the option.
+Arms (``ARMS``, each run its own process of ``python -m autoalloc.bench.workload``):
+autoalloc's hook on a rule of a policy the bench writes (``AUTOALLOC_CONFIG``) against
+autoalloc off, NeMo's runtime setter, and one fixed batch shape with and without the option.
 
 The memory cap comes from a probe run (each bucket's worst batch), so that peak allocated
 memory sits near ``--fill`` of the cap. Without a GPU (or with ``--smoke``) it says so and
@@ -76,20 +73,21 @@ def arm_env(kind: str, policy: str) -> dict[str, str | None]:
     return env
 
 
+# What each kind of arm environment does, as the report says it.
+_HOW = {
+    "hook": f"autoalloc's hook (rule {HOOK_RULE})",
+    "off": "disabled, expandable_segments:False",
+    "plain": "runtime setter after the model is on the GPU",
+    "env-on": f"{CUDA_VAR}={ES_ON}",
+}
+
+
 def make_arms(names: Sequence[str], base: Sequence[str], policy: str) -> list[Arm]:
     arms = []
     for name in names:
         extra, kind, intent = ARMS[name]
-        how = {
-            "hook": f"autoalloc's hook (rule {HOOK_RULE})",
-            "off": "disabled, expandable_segments:False",
-            "plain": "runtime setter after the model is on the GPU",
-            "env-on": CUDA_VAR + "=" + ES_ON,
-        }[kind]
-        arms.append(
-            Arm(name=name, command=(*base, *extra), env=arm_env(kind, policy), intent=intent,
-                how=how)
-        )
+        env = arm_env(kind, policy)
+        arms.append(Arm(name=name, command=(*base, *extra), env=env, intent=intent, how=_HOW[kind]))
     return arms
 
 
@@ -110,18 +108,13 @@ def parser() -> argparse.ArgumentParser:
 
 def declare(p: argparse.ArgumentParser) -> None:
     """Bench's options; those it hands to the workload are the workload's own declarations."""
-    p.add_argument(
-        "--quick", action="store_true", help="small model, 60 steps: a few minutes on one GPU"
-    )
-    p.add_argument(
-        "--smoke", action="store_true", help="the CPU smoke path even when a GPU is present"
-    )
-    p.add_argument(
-        "--check-settings",
-        action="store_true",
-        help="only check that each arm's process gets the allocator setting it intends "
-        "(no training; exact on CUDA builds even without a GPU)",
-    )
+    for flag, text in (
+        ("--quick", "small model, 60 steps: a few minutes on one GPU"),
+        ("--smoke", "the CPU smoke path even when a GPU is present"),
+        ("--check-settings", "only check that each arm's process gets the allocator setting it "
+         "intends (no training; exact on CUDA builds even without a GPU)"),
+    ):  # fmt: skip
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument(
         "--arms", default=",".join(ARMS), help=f"comma-separated arms (default: {','.join(ARMS)})"
     )
@@ -149,12 +142,11 @@ def declare(p: argparse.ArgumentParser) -> None:
 
 
 def settings(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """The preset with the command line's overrides (the model's own, except on the smoke path)."""
     conf = dict(PRESETS[mode])
-    for key in ("repeats", "steps", "warmup", "max_duration", "buckets", "arm_timeout"):
+    keys = ("repeats", "steps", "warmup", "max_duration", "buckets", "arm_timeout")
+    for key in keys + (MODEL_OPTIONS if mode != "smoke" else ()):
         if getattr(args, key, None) is not None:
-            conf[key] = getattr(args, key)
-    for key in MODEL_OPTIONS:
-        if getattr(args, key) is not None and mode != "smoke":
             conf[key] = getattr(args, key)
     return conf
 
@@ -163,24 +155,10 @@ def workload_args(
     args: argparse.Namespace, mode: str, conf: dict[str, Any], cap_gb: float | None
 ) -> list[str]:
     """The workload's command line for a run (every arm adds its own flags)."""
-    out = [
-        args.python,
-        "-m",
-        WORKLOAD,
-        "--preset",
-        mode,
-        "--seed",
-        str(args.seed),
-        "--steps",
-        str(conf["steps"] + conf["warmup"]),
-        "--device",
-        "cpu" if mode == "smoke" else "cuda",
-        "--max-duration",
-        str(conf["max_duration"]),
-        "--buckets",
-        str(conf["buckets"]),
-    ]
-    for key in MODEL_OPTIONS:
+    steps, device = str(conf["steps"] + conf["warmup"]), "cpu" if mode == "smoke" else "cuda"
+    out = [*_base(args), "--preset", mode, "--seed", str(args.seed), "--steps", steps]
+    out += ["--device", device]
+    for key in ("max_duration", "buckets", *MODEL_OPTIONS):
         out += [f"--{key.replace('_', '-')}", str(conf[key])]
     return out + (["--cap-gb", f"{cap_gb:.4f}"] if cap_gb else [])
 
@@ -210,11 +188,9 @@ def calibrate(
     if not probe.get("cuda_available"):
         return probe, []
     notes = []
-    cap = (
-        None
-        if args.no_cap
-        else (args.cap_gb * GIB if args.cap_gb else probe["peak_allocated"] / args.fill)
-    )
+    cap = None
+    if not args.no_cap:
+        cap = args.cap_gb * GIB if args.cap_gb else probe["peak_allocated"] / args.fill
     if cap and cap > 0.95 * probe["total_memory"]:
         cap = 0.95 * probe["total_memory"]
         notes.append(
@@ -233,19 +209,14 @@ def check_all_settings(args: argparse.Namespace, arms: Sequence[Arm]) -> int:
     for arm in arms:
         # a report to nowhere: the recorder it installs is how the process learns its decision
         env = arm.environ({**os.environ, REPORT_VAR: os.devnull})
-        command = [
-            args.python,
-            "-m",
-            WORKLOAD,
-            "--check-settings",
-            *arm.command[len(_base(args)) :],
-        ]
+        command = [*arm.command, "--check-settings"]
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
         line = next((x for x in done.stdout.splitlines() if x.startswith(SETTINGS_TAG)), None)
         result = json.loads(line[len(SETTINGS_TAG) :]) if line else {"error": done.stderr[-2000:]}
-        result["ok"] = _settings_ok(arm, result)
-        results[arm.name] = result
         seen = result.get("allocator_settings", {})
+        hooked = ARMS[arm.name][1] != "hook" or result.get("decision", {}).get("rule") == HOOK_RULE
+        result["ok"] = seen.get("expandable_segments") is arm.intent and hooked
+        results[arm.name] = result
         print(
             f"{arm.name:<12}expandable_segments={seen.get('expandable_segments')} "
             f"(intended {arm.intent}) "
@@ -262,43 +233,24 @@ def _base(args: argparse.Namespace) -> list[str]:
     return [args.python, "-m", WORKLOAD]
 
 
-def _settings_ok(arm: Arm, result: dict[str, Any]) -> bool:
-    seen = result.get("allocator_settings", {}).get("expandable_segments")
-    hooked = ARMS[arm.name][1] != "hook" or result.get("decision", {}).get("rule") == HOOK_RULE
-    return seen is arm.intent and hooked
-
-
 def checks(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The project's GPU goals, as pass/miss lines (informational: they never fail the run)."""
     arms = {name: [run["figures"] for run in runs] for name, runs in data["runs_by_arm"].items()}
     if not any(f.get("cuda") for runs in arms.values() for f in runs):
         return []
-    out = []
     rows = table.compare(arms, "on", "off")
-    ratio = rows["step_ms_median"]["ratio"]
-    if ratio is not None:
-        out.append(
-            {"check": "on: median step time <= 0.8 x off", "value": ratio, "ok": ratio <= 0.8}
-        )
-    mallocs = rows["mallocs_per_step"]["on"]
-    if mallocs is not None:
-        out.append(
-            {
-                "check": "on: device mallocs per step after warm-up ~0 (<= 0.05)",
-                "value": mallocs,
-                "ok": mallocs <= 0.05,
-            }
-        )
     static = table.compare(arms, "static-on", "static-off")["step_ms_median"]["ratio"]
-    if static is not None:
-        out.append(
-            {
-                "check": "static shapes: on within +-2% of off",
-                "value": static,
-                "ok": abs(static - 1) <= 0.02,
-            }
-        )
-    return out
+    mallocs = "on: device mallocs per step after warm-up ~0 (<= 0.05)"
+    goals = (  # (check, value, centre, the most |value - centre| may be)
+        ("on: median step time <= 0.8 x off", rows["step_ms_median"]["ratio"], 0.0, 0.8),
+        (mallocs, rows["mallocs_per_step"]["on"], 0.0, 0.05),
+        ("static shapes: on within +-2% of off", static, 1.0, 0.02),
+    )
+    return [
+        {"check": check, "value": value, "ok": abs(value - centre) <= most}
+        for check, value, centre, most in goals
+        if value is not None
+    ]
 
 
 def hook_notes(data: dict[str, Any]) -> list[str]:
@@ -361,8 +313,7 @@ def run_bench(args: argparse.Namespace, arms_wanted: list[str]) -> int:
         if not calibration.get("cuda_available"):
             print(
                 "autoalloc bench: no CUDA GPU available here: running the CPU smoke path instead "
-                "(every arm "
-                "for a few steps of a tiny model); allocator figures need a GPU.",
+                "(every arm for a few steps of a tiny model); allocator figures need a GPU.",
                 flush=True,
             )
             notes.append(

@@ -7,18 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-MODEL_KEYS = (
-    "d_model",
-    "layers",
-    "heads",
-    "ffn",
-    "conv_kernel",
-    "subsampling_channels",
-    "vocab",
-    "n_mels",
-    "dropout",
-)
-
 
 def _block_parts(cfg: dict) -> tuple[Any, Any, Any]:
     """The parts of a Conformer block: feed-forward, self-attention, convolution module."""
@@ -27,20 +15,15 @@ def _block_parts(cfg: dict) -> tuple[Any, Any, Any]:
 
     d, heads, p = cfg["d_model"], cfg["heads"], cfg["dropout"]
 
-    class FeedForward(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(
-                nn.LayerNorm(d),
-                nn.Linear(d, cfg["ffn"]),
-                nn.SiLU(),
-                nn.Dropout(p),
-                nn.Linear(cfg["ffn"], d),
-                nn.Dropout(p),
-            )
-
-        def forward(self, x):
-            return self.net(x)
+    def FeedForward() -> nn.Module:  # a function, called as the classes below are
+        return nn.Sequential(
+            nn.LayerNorm(d),
+            nn.Linear(d, cfg["ffn"]),
+            nn.SiLU(),
+            nn.Dropout(p),
+            nn.Linear(cfg["ffn"], d),
+            nn.Dropout(p),
+        )
 
     class SelfAttention(nn.Module):
         def __init__(self) -> None:
@@ -109,12 +92,8 @@ def build_model(cfg: dict):
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.ff1, self.attn, self.conv, self.ff2 = (
-                FeedForward(),
-                SelfAttention(),
-                ConvModule(),
-                FeedForward(),
-            )
+            self.ff1, self.ff2 = FeedForward(), FeedForward()
+            self.attn, self.conv = SelfAttention(), ConvModule()
             self.norm = nn.LayerNorm(d)
 
         def forward(self, x):

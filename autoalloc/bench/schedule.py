@@ -49,11 +49,10 @@ def make_schedule(
 ) -> dict:
     """The batch schedule every arm replays: one list of utterance durations per step.
 
-    Dynamic: utterances arrive in random order (fixed seed), go to their duration bucket,
-    and a bucket emits a batch as soon as it holds ``floor(max_duration / bucket max)``
-    utterances (Lhotse's DynamicBucketingSampler with fixed per-bucket batch sizes), so
-    the bucket order is random and shapes change on nearly every step. Static: one
-    bucket's full batch, every utterance at the bucket's maximum, on every step.
+    Dynamic: utterances arrive in random order (fixed seed) and fill their duration
+    bucket's batches (``floor(max_duration / bucket max)`` utterances, as the module's
+    docstring says), so the bucket order is random too. Static: one bucket's full batch,
+    every utterance at the bucket's maximum, on every step.
     """
     bounds = bucket_bounds(num_buckets, seed)
     sizes = [max(1, int(max_duration // effective(b, quadratic))) for b in bounds]
@@ -97,14 +96,13 @@ def schedule_summary(schedule: dict) -> dict:
         shapes.add((len(frames), max(frames)))
         audio += sum(batch["durations"])
     sizes = [len(b["durations"]) for b in schedule["batches"]]
+    longest = [frames for _, frames in shapes]
     return {
         "kind": schedule["kind"],
         "steps": len(schedule["batches"]),
         "distinct_shapes": len(shapes),
         "batch_size_range": [min(sizes), max(sizes)] if sizes else [],
-        "max_frames_range": [min(s[1] for s in shapes), max(s[1] for s in shapes)]
-        if shapes
-        else [],
+        "max_frames_range": [min(longest), max(longest)] if longest else [],
         "audio_hours": round(audio / 3600, 3),
         "buckets": len(schedule["bucket_bounds"]),
         "batch_sizes": schedule["batch_sizes"],

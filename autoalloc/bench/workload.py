@@ -88,12 +88,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--steps", type=int, help="optimizer steps to run (default: the preset's steps + warm-up)"
     )
-    p.add_argument("--static", action="store_true", help="one fixed batch shape (the control)")
-    p.add_argument(
-        "--setter",
-        action="store_true",
-        help="apply expandable_segments:True with the runtime setter",
-    )
+    for flag, text in (
+        ("--static", "one fixed batch shape (the control)"),
+        ("--setter", "apply expandable_segments:True with the runtime setter"),
+        ("--check-settings", "print the allocator settings torch reports"),
+    ):
+        p.add_argument(flag, action="store_true", help=text)
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
     p.add_argument("--cap-gb", type=float, help="memory cap in GiB (per-process memory fraction)")
     shape_options(p)
@@ -104,9 +104,6 @@ def parser() -> argparse.ArgumentParser:
         "--probe",
         metavar="PATH",
         help="run each bucket's worst batch once; write peak memory to PATH",
-    )
-    p.add_argument(
-        "--check-settings", action="store_true", help="print the allocator settings torch reports"
     )
     return p
 
@@ -132,22 +129,17 @@ def batches(args: argparse.Namespace, cfg: dict[str, Any]) -> Iterator[dict[str,
     return itertools.islice(itertools.cycle(plan["batches"]), max(0, cfg["run_steps"]))
 
 
-def runtime_setter(torch: Any, value: str) -> str:
-    """Apply allocator settings at run time the way NeMo does; the function used."""
+def runtime_setter(torch: Any, value: str) -> None:
+    """Apply allocator settings at run time the way NeMo does."""
     setter = getattr(getattr(torch.cuda, "memory", None), "_set_allocator_settings", None)
-    name = "torch.cuda.memory._set_allocator_settings"
     if setter is None:
-        setter, name = (
-            torch._C._accelerator_setAllocatorSettings,
-            "torch._C._accelerator_setAllocatorSettings",
-        )
+        setter = torch._C._accelerator_setAllocatorSettings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # deprecated on 2.10+, still what NeMo calls
         setter(value)
-    return name
 
 
-def device_for(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> Any:
+def device_for(torch: Any, args: argparse.Namespace) -> Any:
     """The device, with the memory cap on CUDA; one CPU thread on the CPU (the smoke path)."""
     cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
     if not cuda:
@@ -173,7 +165,7 @@ def check_settings(torch: Any, args: argparse.Namespace) -> int:
 
 def train(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str, Any]:
     """Run the schedule; per batch (probe mode) the peak allocated memory and whether it ran out."""
-    device = device_for(torch, args, cfg)
+    device = device_for(torch, args)
     cuda = device.type == "cuda"
     if args.probe and not cuda:
         return {"cuda_available": False, "ooms": 0}
@@ -193,9 +185,7 @@ def train(torch: Any, args: argparse.Namespace, cfg: dict[str, Any]) -> dict[str
             torch.cuda.reset_peak_memory_stats(device)
         try:
             model.train_step(torch, net, optimizer, frames, tokens, step_cfg, device, generator)
-        except (
-            oom_error
-        ):  # counted by the allocator's num_ooms; the run goes on, as a trainer's would not
+        except oom_error:  # num_ooms counts it; the run goes on, as a trainer's would not
             ooms += 1
             optimizer.zero_grad(set_to_none=True)
         if cuda and args.probe:
