@@ -4,9 +4,11 @@ Each case of ``tests/reallibs/cases/*.toml`` names an env (``tests/reallibs/envs
 pinned requirement lines), a program directory (``tests/reallibs/programs/<dir>``: scripts
 written for these tests and tiny data generators, no third-party files: see ``external``
 below), the command line, and what must happen: ``expect = "apply"`` (with the rule that
-applies) or ``"untouched"``. The program directory is copied into a fresh temporary directory
-outside the repository, with the files of ``tests/reallibs/shared/`` beside it, and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1``
-and friends), with ``AUTOALLOC_DEBUG=1`` (the decision trace is shown on failure).
+applies, and optionally ``when``: what ``explain``'s prediction must say of when, "before torch
+starts" or "at its first optimizer") or ``"untouched"``. The program directory is copied into a
+fresh temporary directory outside the repository, with the files of ``tests/reallibs/shared/``
+beside it, and run there with tiny synthetic data, offline (``HF_HUB_OFFLINE=1`` and friends),
+with ``AUTOALLOC_DEBUG=1`` (the decision trace is shown on failure).
 
 Per env, a venv under ``${AUTOALLOC_REALLIBS_VENVS:-<repo>/.venv-reallibs}/<env>`` gets
 ``torch==2.13.0`` (the CPU wheel), the env's requirements from the package index and this
@@ -87,8 +89,10 @@ HOOK_FILES = (
 )
 CASE_KEYS = {
     "name", "env", "program", "argv", "expect", "rule", "setup", "env_vars", "timeout",
-    "quick", "reason", "external", "workers",
+    "quick", "reason", "external", "workers", "when",
 }
+# What `explain` may say of when an applying program gets the option (its prediction's "when").
+WHENS = ("before torch starts", "at its first optimizer")
 # pip's words for a package index it could not reach (as opposed to one that said no).
 UNREACHABLE = re.compile(
     r"NewConnectionError|Max retries exceeded|Temporary failure in name resolution"
@@ -198,6 +202,7 @@ def test_every_case_is_well_formed() -> None:
             assert argv and all(isinstance(a, str) for a in argv), case
         assert case["expect"] in ("apply", "untouched"), case
         assert ("rule" in case) == (case["expect"] == "apply"), case
+        assert "when" not in case or (case["expect"] == "apply" and case["when"] in WHENS), case
         assert all(isinstance(v, str) for v in case.get("env_vars", {}).values()), case
         if "workers" in case:
             workers = case["workers"]
@@ -523,7 +528,8 @@ def check_prediction(
     run did: never "apply" for a run left untouched, never "stays off" for one that applied
     ("depends" names what only the run can tell); and when: "before torch starts" only where
     the environment held the option while torch imported, "at its first optimizer" only
-    where it did not. Each outcome is printed for the record."""
+    where it did not; a case's ``when`` is the one the prediction must say. Each outcome is
+    printed for the record."""
     explain_env = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "AUTOALLOC_DEBUG")}
     argv = [python, "-m", "autoalloc", "explain", "--json", "--", *command(case["argv"], python)]
     result = subprocess.run(argv, cwd=work, env=explain_env, capture_output=True, text=True,
@@ -532,6 +538,8 @@ def check_prediction(
     prediction = json.loads(result.stdout).get("prediction") or {}
     outcome = prediction.get("outcome", "decided at import torch")
     print(f"PREDICTION {case['name']}: {outcome}: {prediction.get('text', '')}")
+    if "when" in case:
+        assert (outcome, prediction.get("when")) == ("apply", case["when"]), prediction
     if case["expect"] == "apply":
         assert outcome != "off", prediction
     else:
