@@ -112,20 +112,21 @@ def scan(
 
 
 def cached(
-    script: str, args: Sequence[str], cwd: str, libraries: tuple[str, ...],
+    script: str, args: Sequence[str], cwd: str, libraries: Callable[[], tuple[str, ...]],
     wanted: frozenset[str],
 ) -> Scan:
     """``scan``, remembered across processes by the layer cache where the hook enabled it: used
     again while each file it read or passed over is as it was (size, time, inode). Only an
-    edit brings a new import, so files it did not find are not watched."""
+    edit brings a new import, so files it did not find are not watched. The interpreter's
+    ``libraries`` are asked for only to read: an entry is this environment's already."""
     from autoalloc import layercache
 
     script, kept = os.path.abspath(script), (Scan,)
-    data = (tuple(_yaml_files(args, cwd, ())), tuple(sorted(wanted)), libraries)
+    data = (tuple(_yaml_files(args, cwd, ())), tuple(sorted(wanted)))
     hit = layercache.get("scan", (script, cwd), data, kept)
     if type(hit) is tuple and len(hit) == 3 and type(hit[2]) is Scan and _stamps(hit[0]) == hit[1]:
         return hit[2]
-    found = scan(script, args, cwd, libraries, wanted)
+    found = scan(script, args, cwd, libraries(), wanted)
     paths = (*found.files, *found.configs, *(u.rpartition(" (")[0] for u in found.unread))
     layercache.put("scan", (script, cwd), data, (paths, _stamps(paths), found), kept)
     return found

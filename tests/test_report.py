@@ -345,11 +345,13 @@ def test_the_recorder_learns_each_decision_from_the_hook() -> None:
     )
 
 
+# Its optimizer built by a module of its own (the script alone shows no training, so the rule
+# decides at the first optimizer, after import torch).
 ENDED_BY_ITS_ENGINE = """\
-import glob, os, sys, torch
+import glob, os, sys, torch, trainer
 torch.set_num_threads(1)
 model = torch.nn.Linear(4, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)  # the rule decides here: on disk at once
+opt = trainer.optimizer(model)  # the rule decides here: on disk at once
 where = sys.argv[1]
 [path] = glob.glob(os.path.join(where, "*.json")) if os.path.isdir(where) else [where]
 print("AT_DECISION " + open(path).read().splitlines()[-1], flush=True)
@@ -365,6 +367,9 @@ def test_a_process_ended_by_os_exit_leaves_its_decision_and_steps(tmp_path: Path
         'action = "apply"\n'
     )
     (tmp_path / "train_exit.py").write_text(ENDED_BY_ITS_ENGINE)
+    (tmp_path / "trainer.py").write_text(
+        "import torch\n\n\ndef optimizer(model):\n"
+        "    return torch.optim.SGD(model.parameters(), lr=0.01)\n")
     where = tmp_path / "reports"  # a directory: each process's file is its own to rewrite
     result = run(["train_exit.py", str(where)], tmp_path, AUTOALLOC_REPORT=str(where) + "/")
     assert result.returncode == 0, result.stderr
