@@ -202,7 +202,9 @@ def score(trees: Path) -> dict:
             "optimizer_label": row["optimizer"],
         }
         try:
+            cpu = time.process_time()
             found = scan.scan(str(script), launch_args(row), cwd, libraries, names)
+            out["scan_cpu_ms"] = round((time.process_time() - cpu) * 1000, 1)
         except FileNotFoundError:
             out["error"] = "script not in the tree"
             per_tree.setdefault(row["repo"], Counter())["missing script"] += 1
@@ -355,6 +357,7 @@ def summary(result: dict) -> dict:
         "built-in policy, AMBIGUOUS rows left out",
         "scan_budget": {"files": scan.MAX_FILES, "bytes_per_file": scan.MAX_BYTES,
                         "bytes": scan.MAX_TOTAL},
+        "scan_cpu_ms": _spread([r["scan_cpu_ms"] for r in result["rows"] if "scan_cpu_ms" in r]),
         "early": {
             "rows": total["early"],
             "without_an_optimizer_in_the_run_view": total["early_without_optimizer"],
@@ -446,6 +449,16 @@ def summary(result: dict) -> dict:
             for r in wrong
         ],
     }
+
+
+def _spread(values: list[float]) -> dict:
+    """Median, 90th percentile and largest of ``values`` (the CPU time of each scan)."""
+    values = sorted(values)
+    if not values:
+        return {}
+    n = len(values)
+    return {"scans": n, "median": values[n // 2], "p90": values[min(n - 1, n * 9 // 10)],
+            "max": values[-1], "mean": round(sum(values) / n, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:
