@@ -17,16 +17,18 @@ registers one for every model package). So a module a ``training`` rule names co
 
 Names are module names, and for what the program holds also ``module.Qualname`` and the
 top-level package's public alias ``package.Qualname`` (``transformers.Wav2Vec2ForCTC``), so a
-rule can name a class. The functions here are pure but ``installed_dirs``: the hook hands
-them ``sys.modules``, the frames and the library directories.
+rule can name a class. The functions here are pure: the hook hands them ``sys.modules``, the
+frames and the library directories (``scan`` knows which files are the program's own).
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from types import FrameType, FunctionType, ModuleType, SimpleNamespace
+
+# which files are the program's own, and the libraries' directories: where its source is read
+from autoalloc.scan import is_own_file, local, prefixes
 
 # Bounds, so that a program with huge namespaces costs a bounded look: its first optimizer
 # waits for it.
@@ -35,44 +37,6 @@ MAX_NAMES = 5000
 MAX_ITEMS = 1000
 _CONTAINERS = (dict, list, tuple, SimpleNamespace)
 
-
-def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
-    """The directories of installed code (stdlib, site-packages), each ending in a separator."""
-    out = []
-    for path in paths:
-        if path:
-            path = os.path.normpath(path)
-            out.append(path if path.endswith(os.sep) else path + os.sep)
-    return tuple(dict.fromkeys(out))
-
-
-@functools.lru_cache(maxsize=1)
-def installed_dirs() -> tuple[str, ...]:
-    """This interpreter's library directories: its standard library and site-packages (the
-    one function here that reads the interpreter's configuration). As ``sysconfig`` names
-    them, without it: the decision at ``import torch`` asks, and sysconfig costs 10 M
-    instructions there."""
-    import site
-    import sys
-
-    version = "python{}.{}".format(*sys.version_info[:2])
-    paths = [os.path.dirname(os.__file__)]  # the standard library, where os lies
-    paths += [os.path.join(p, "Lib") if os.name == "nt" else os.path.join(p, "lib", version)
-              for p in (sys.prefix, sys.exec_prefix)]  # platstdlib, a venv's own lib too
-    paths += getattr(site, "getsitepackages", list)()
-    paths.append(getattr(site, "getusersitepackages", str)())
-    return library_dirs(paths)
-
-
-def is_own_file(path: object, libraries: tuple[str, ...]) -> bool:
-    """Whether ``path`` is the program's own code: a real file outside every library directory
-    and outside any ``site-packages`` or ``dist-packages`` folder."""
-    if not isinstance(path, str) or not path or path.startswith("<"):
-        return False
-    parts = path.split(os.sep)
-    if "site-packages" in parts or "dist-packages" in parts:
-        return False
-    return not path.startswith(libraries)
 
 
 def pending(module: object) -> bool:
@@ -134,15 +98,6 @@ def loaded_on_use(modules: Mapping[str, object]) -> dict[str, str]:
             for prefix in prefixes(name):
                 out.setdefault(prefix, f"{name} was loaded on use")
     return out
-
-
-def prefixes(name: str) -> Iterator[str]:
-    """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``."""
-    at = name.find(".")
-    while at != -1:
-        yield name[:at]
-        at = name.find(".", at + 1)
-    yield name
 
 
 def names_of(value: object) -> Iterator[str]:
@@ -292,14 +247,6 @@ def own_named(names: Iterable[str], modules: Mapping[str, object], entry: object
             if isinstance(path, str) and local(path) in where:
                 out.add(name)
     return out
-
-
-def local(path: str) -> str | None:
-    """The folder a module file is imported from; None for a package (a library's copy may
-    be one: only a module file is surely the program's own)."""
-    if os.path.basename(path) == "__init__.py":
-        return None
-    return os.path.dirname(os.path.abspath(path))
 
 
 def attributes(names: Iterable[str], modules: Mapping[str, object]) -> set[str]:

@@ -139,14 +139,14 @@ class Late:
 
     def own_code(self) -> Own:
         """Which code is the program's (``evidence.Own``), for this process's entry point."""
-        from autoalloc import evidence  # only where the training rules or an importer ask
+        from autoalloc import evidence, scan  # only where the training rules or an importer ask
 
         entry = self.state.entry
         packages = frozenset()
         if entry is not None:
             main = sys.modules.get("__main__")
             packages = evidence.entry_packages(entry.kind, entry.target, main)
-        return evidence.Own(evidence.installed_dirs(), _machinery_files(), packages)
+        return evidence.Own(scan.installed_dirs(), _machinery_files(), packages)
 
     def on_optimizer(self) -> None:
         """The process built its first optimizer: decide again with ``training`` rules in

@@ -186,9 +186,7 @@ def read_source(policy: Policy, entry: EntryPoint, cwd: str | None) -> scan.Scan
     path = entry.path if entry.kind == "script" else module_file(entry.target, cwd)
     if path is None or not os.path.isfile(path):
         return None
-    from autoalloc.evidence import installed_dirs  # only to read: the evidence's own idea
-
-    return scan.cached(path, entry.args, cwd, installed_dirs, training_names(policy.rules))
+    return scan.cached(path, entry.args, cwd, scan.installed_dirs, training_names(policy.rules))
 
 
 def module_file(module: str, cwd: str) -> str | None:

@@ -22,17 +22,20 @@ It finds:
 - what the source cannot tell: a module named at run time (``importlib.import_module(name)``),
   a class a checkpoint or configuration chooses (``AutoModelFor*``, ``hydra.utils.instantiate``);
 - what it did not read, and why (``unread``).
+
+Which files are the program's own (``is_own_file``: outside the interpreter's library
+directories, ``installed_dirs``) is decided here, for the reading and for ``evidence``.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import re
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import field
 
-from autoalloc.evidence import is_own_file, local, prefixes
 from autoalloc.records import record
 
 MAX_FILES = 200
@@ -171,7 +174,7 @@ def _yaml_files(args: Sequence[str], cwd: str, strings: Iterable[tuple[str, str]
     found = []
     for arg in args:
         value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
-        if re.search(_YAML_RE, value):
+        if value.endswith((".yaml", ".yml")) and re.search(_YAML_RE, value):
             found.append(os.path.join(cwd, value))
     for text, base in strings:
         if re.search(_YAML_RE, text):
@@ -409,6 +412,62 @@ def _zipped(path: str, module: object) -> ast.AST | None:
         return ast.parse(text, path) if 0 < len(text) <= MAX_BYTES else None
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
+
+
+def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
+    """The directories of installed code (stdlib, site-packages), each ending in a separator."""
+    out = []
+    for path in paths:
+        if path:
+            path = os.path.normpath(path)
+            out.append(path if path.endswith(os.sep) else path + os.sep)
+    return tuple(dict.fromkeys(out))
+
+
+@functools.lru_cache(maxsize=1)
+def installed_dirs() -> tuple[str, ...]:
+    """This interpreter's library directories: its standard library and site-packages (the
+    one function that reads the interpreter's configuration). As ``sysconfig`` names
+    them, without it: the decision at ``import torch`` asks, and sysconfig costs 10 M
+    instructions there."""
+    import site
+    import sys
+
+    version = "python{}.{}".format(*sys.version_info[:2])
+    paths = [os.path.dirname(os.__file__)]  # the standard library, where os lies
+    paths += [os.path.join(p, "Lib") if os.name == "nt" else os.path.join(p, "lib", version)
+              for p in (sys.prefix, sys.exec_prefix)]  # platstdlib, a venv's own lib too
+    paths += getattr(site, "getsitepackages", list)()
+    paths.append(getattr(site, "getusersitepackages", str)())
+    return library_dirs(paths)
+
+
+def is_own_file(path: object, libraries: tuple[str, ...]) -> bool:
+    """Whether ``path`` is the program's own code: a real file outside every library directory
+    and outside any ``site-packages`` or ``dist-packages`` folder."""
+    if not isinstance(path, str) or not path or path.startswith("<"):
+        return False
+    parts = path.split(os.sep)
+    if "site-packages" in parts or "dist-packages" in parts:
+        return False
+    return not path.startswith(libraries)
+
+
+def local(path: str) -> str | None:
+    """The folder a module file is imported from; None for a package (a library's copy may
+    be one: only a module file is surely the program's own)."""
+    if os.path.basename(path) == "__init__.py":
+        return None
+    return os.path.dirname(os.path.abspath(path))
+
+
+def prefixes(name: str) -> Iterator[str]:
+    """``a``, ``a.b``, ``a.b.c`` for ``a.b.c``."""
+    at = name.find(".")
+    while at != -1:
+        yield name[:at]
+        at = name.find(".", at + 1)
+    yield name
 
 
 def hf_model(class_name: str) -> str | None:

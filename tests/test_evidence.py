@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import evidence
+from autoalloc import evidence, scan
 from tests.helpers import PROBE, Sandbox, assert_applied, assert_untouched
 
-LIBS = evidence.library_dirs(["/usr/lib/python3.11", "/venv/lib/python3.11/site-packages/"])
+LIBS = scan.library_dirs(["/usr/lib/python3.11", "/venv/lib/python3.11/site-packages/"])
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from autoalloc import evidence, scan  # noqa: E402
+from autoalloc import scan  # noqa: E402
 from autoalloc.entrypoint import EntryPoint  # noqa: E402
 from autoalloc.match import first_match, training_names  # noqa: E402
 from autoalloc.plan import library_names  # noqa: E402
@@ -164,7 +164,7 @@ def score(trees: Path) -> dict:
     policy = builtin_policy()
     rules = policy.rules
     names = training_names(rules)
-    libraries = evidence.installed_dirs()
+    libraries = scan.installed_dirs()
     libs = library_names(rules)
     commits: dict[str, set[str]] = {}
     for row in UNLISTED:
