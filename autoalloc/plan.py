@@ -4,7 +4,9 @@
 command line) and by ``autoalloc doctor`` (for its own process, and for "what would a
 job matching a rule get here"). They differ only in what they do with the ``Plan``: the
 hook carries out its decision, ``explain`` shows it, ``doctor`` compares it with what
-torch reports. Pure apart from reading the policy files.
+torch reports. Where no rule decides, the program's own source (``scan``) may show that it
+trains: then it is decided before torch starts (``_early``). Pure apart from reading the
+policy files and the program's source.
 """
 
 from __future__ import annotations
