@@ -185,7 +185,7 @@ def test_a_rule_option_the_program_set_otherwise_keeps_the_programs(sandbox: San
     assert probe["getter"] == f"{PROGRAM_SETS},{ES}"
     train = sandbox.work / "train.py"
     keep = (
-        f"autoalloc: the call at {train}:7 sets garbage_collection_threshold:0.7, rule mine "
+        f"autoalloc: the call at {train}:8 sets garbage_collection_threshold:0.7, rule mine "
         "wants garbage_collection_threshold:0.8; keeping garbage_collection_threshold:0.7 "
         "(the program's own setting at run time, which on_conflict does not replace)"
     )
