@@ -189,25 +189,32 @@ class _Budget:
         self.files, self.bytes = MAX_FILES, MAX_TOTAL
         self.unread: list[str] = []
 
-    def source(self, path: str) -> bytes | None:
-        """The bytes of ``path`` if the budget allows, else None (and why, in ``unread``)."""
+    def source(self, path: str, module: object = None) -> bytes | None:
+        """The bytes of ``path`` if the budget allows, else None (and why, in ``unread``).
+        What is not a plain file is ``module``'s text (a string) or is read by ``linecache``
+        through the loader of ``module`` (its globals: a module of a zip archive; a notebook
+        cell, which its kernel left in ``linecache``)."""
         try:
-            size = os.path.getsize(path)
+            text = None if os.path.isfile(path) else _text(path, module)
+            size = os.path.getsize(path) if text is None else len(text)
             if self.files <= 0 or size > min(MAX_BYTES, self.bytes):
                 why = ("larger than 1 MiB" if size > MAX_BYTES else
                        "over the budget of files" if self.files <= 0 else "over the 2 MiB read")
                 self.unread.append(f"{path} ({why})")
                 return None
-            with open(path, "rb") as f:
-                data = f.read(size + 1)
+            if text is None:
+                with open(path, "rb") as f:
+                    data = f.read(size + 1)
+            else:
+                data = text.encode("utf-8", "surrogateescape")
         except OSError as exc:
             self.unread.append(f"{path} ({exc.strerror or 'unreadable'})")
             return None
         self.files, self.bytes = self.files - 1, self.bytes - len(data)
         return data
 
-    def parse(self, path: str) -> ast.AST | None:
-        data = self.source(path)
+    def parse(self, path: str, module: object = None) -> ast.AST | None:
+        data = self.source(path, module)
         if data is None:
             return None
         try:
@@ -239,24 +246,24 @@ class _Reader(_Budget):
         self.here: set[str] = set()
 
     def read(self, first: str) -> None:
-        queue = [first]
+        queue, seen = [first], set()
         while queue:
             path = queue.pop(0)
-            if path in self.done:
+            if path in seen:
                 continue
-            self.done.append(path)
+            seen.add(path)
             tree = self.parse(path)
             if tree is not None:
-                queue += self._visit(tree, path)
-        self.done = [p for p in self.done if not any(u.startswith(p + " (") for u in self.unread)]
+                self.done.append(path)
+                queue += self._visit(tree, path, entry=path == first)
 
-    def _visit(self, tree: ast.AST, path: str) -> list[str]:
+    def _visit(self, tree: ast.AST, path: str, entry: bool) -> list[str]:
         """Record what the file imports, uses and does; the own files it imports, to read next.
 
         The entry script's imports count wherever they are; another own module's, at module
         level only (a function's import runs only if it is called), though the own modules
         its functions import are read too (a factory importing the model it builds)."""
-        where, entry = self.show(path), len(self.done) == 1
+        where = self.show(path)
         bound: dict[str, str] = {}  # local name -> what it stands for
         top = _module_level(tree)
         own: list[str] = []
@@ -379,20 +386,18 @@ def named_in(
     """Which of ``wanted`` the files ``paths`` import (itself or a module inside it) or use,
     each with the first path:line: the run-time evidence for what the program imported
     before ``import torch`` (when the watcher was not yet there to see it), and for what its
-    code uses. What is not a plain file is read from ``modules`` (file -> the source text, or
-    the globals of its module, whose loader ``linecache`` asks: a module of a zip archive; a
-    notebook cell, which its kernel left in ``linecache``)."""
+    code uses. What is not a plain file is read from ``modules`` (file -> its source text, or
+    its module's globals: ``_Budget.source``)."""
     left, found = set(wanted), {}
     reader = _Reader((), (), frozenset(left), show=str)
     for path in dict.fromkeys(paths):
         if not left:
             break
-        reader.done[:], reader.names = [path], {}  # each read as an entry: its imports all count
-        plain = os.path.isfile(path)
-        tree = reader.parse(path) if plain else _zipped(path, (modules or {}).get(path))
+        reader.names = {}
+        tree = reader.parse(path, (modules or {}).get(path))
         if tree is None:
             continue
-        reader._visit(tree, path)
+        reader._visit(tree, path, entry=True)  # each read as an entry: its imports all count
         for name, where in reader.names.items():
             hit = next((w for w in prefixes(name) if w in left), None)
             if hit is not None:
@@ -401,17 +406,14 @@ def named_in(
     return found
 
 
-def _zipped(path: str, module: object) -> ast.AST | None:
+def _text(path: str, module: object) -> str:
+    """The source of what is not a plain file: ``module`` itself when it is text, else what
+    ``linecache`` finds through the loader of ``module``'s globals."""
     import linecache
 
-    try:
-        if isinstance(module, str):
-            text = module
-        else:
-            text = "".join(linecache.getlines(path, module if isinstance(module, dict) else None))
-        return ast.parse(text, path) if 0 < len(text) <= MAX_BYTES else None
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
+    if isinstance(module, str):
+        return module
+    return "".join(linecache.getlines(path, module if isinstance(module, dict) else None))
 
 
 def library_dirs(paths: Iterable[str]) -> tuple[str, ...]:
