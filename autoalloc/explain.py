@@ -297,16 +297,10 @@ def _no_speech_signal(result: Plan, found: scan.Scan) -> str | None:
     if audio is None or any(n in imported for n in rule.not_imports):  # other audio work
         return None
     script = os.path.basename(found.script)
-    return (f"it trains with audio ({audio} at {_where(audio, found)}) but shows no "
+    return (f"it trains with audio ({audio} at {found.where(audio)}) but shows no "
             "speech-to-text signal (a CTC or RNN-T loss, a WER/CER metric, a tokenizer or text "
             "model); if it is speech-to-text, opt it in with two lines in autoalloc.toml: "
             f'[[rules]] / scripts = ["{script}"]')
-
-
-def _where(name: str, found: scan.Scan) -> str:
-    if name in found.names:
-        return found.names[name]
-    return next(w for n, w in found.names.items() if n.startswith(name + "."))
 
 
 def late_outlook(result: Plan, env: Mapping[str, str], command: list[str]) -> list[dict[str, Any]]:

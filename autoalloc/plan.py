@@ -240,17 +240,11 @@ def shown(rule: Rule, found: scan.Scan) -> str:
         if hit is not None and hit not in said:
             said.append(hit)
     groups = [[n for n in said if (n in found.uses) is uses] for uses in (False, True)]
-    parts = [f"{verb} " + " and ".join(f"{n} at {_where(n, found)}" for n in names)
+    parts = [f"{verb} " + " and ".join(f"{n} at {found.where(n)}" for n in names)
              for verb, names in zip(("imports", "uses"), groups) if names]
     if found.optimizer:
         parts.append(f"builds {found.optimizer}")
     return "; ".join(parts) or "what it builds"
-
-
-def _where(name: str, found: scan.Scan) -> str:
-    if name in found.names:
-        return found.names[name]
-    return next(w for n, w in found.names.items() if n.startswith(name + "."))
 
 
 def _as_if(

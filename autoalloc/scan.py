@@ -95,6 +95,12 @@ class Scan:
         return frozenset(n for n in found
                          if n.partition(".")[0] not in self.own or n not in libraries)
 
+    def where(self, name: str) -> str:
+        """Where the source shows ``name`` (or a name inside it): ``file:line``."""
+        if name in self.names:
+            return self.names[name]
+        return next(w for n, w in self.names.items() if n.startswith(name + "."))
+
 
 def scan(
     script: str, args: Sequence[str], cwd: str, libraries: tuple[str, ...],
