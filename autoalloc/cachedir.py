@@ -172,13 +172,13 @@ def read(name: str) -> bytes:
 
 def write(name: str, data: bytes) -> None:
     """The entry ``name`` holds ``data``, whole (written aside, renamed over), unless it is
-    too large or a file of that name is not autoalloc's; a new entry tidies the directory.
-    Raises OSError."""
+    too large or a file of that name is not autoalloc's; a new entry tidies the directory
+    when it is full or holds temporary files. Raises OSError."""
     if len(MAGIC) + len(data) > MAX_BYTES:
         return
     fd = open_dir(create=True)
     try:
-        new = name not in os.listdir(fd)
+        new = name not in (listed := os.listdir(fd))
         if not new and _ours(name, fd) is None:
             return  # someone else's file by that name: left as it is
         temp = f"{name}.{os.getpid()}{TEMP}"
@@ -188,8 +188,8 @@ def write(name: str, data: bytes) -> None:
         except BaseException:
             _unlink(temp, fd)
             raise
-        if new:  # rarely: the first process for a project, a HOME, an upgrade
-            _tidy(fd)
+        if new and (len(listed) >= MAX_ENTRIES or any(n.endswith(TEMP) for n in listed)):
+            _tidy(fd)  # rarely: only a new entry can take the room, or find another's leftovers
     finally:
         os.close(fd)
 

@@ -81,9 +81,6 @@ BODY = """\
 # action = "skip"
 """
 
-STARTER = HEADER + BODY
-
-
 def starter(where: str, hides: str | None = None) -> str:
     """The starter file for ``where`` (``project``, ``user``), every line commented out; its
     header says what it changes: nothing, unless it ``hides`` the project policy there."""
@@ -126,7 +123,7 @@ def _cmd_init(args: argparse.Namespace) -> int:
     if args.user:
         from autoalloc import layercache
 
-        return _write_starter(layercache.user_path(), starter("user"))
+        return _write_starter(layercache.config_path("user"), starter("user"))
     path = os.path.join(os.getcwd(), "autoalloc.toml")
     if os.path.lexists(path):
         return _refuse(f"{path} exists; not overwriting it")
@@ -196,7 +193,7 @@ def _init_pyproject(directory: str) -> int:
             "[tool.autoalloc] table in the pyproject.toml beside it; edit it instead"
         )
     try:
-        data = sources.read_bytes(path)
+        data = sources.read_file(path)[0]
         table = sources.policy_table(path, data)
     except FileNotFoundError:
         return _refuse(f"no {path}: `autoalloc init` writes ./autoalloc.toml instead")
@@ -240,7 +237,7 @@ def _file_problems(
     if os.path.abspath(path) == sources.BUILTIN_PATH:
         layer = "builtin"  # its rules may come in parts of one name
     try:
-        data = sources.read_bytes(path)
+        data = sources.read_file(path)[0]
         table = sources.policy_table(path, data)
     except FileNotFoundError:
         return ["no such file"]

@@ -29,6 +29,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
 _CODE_IDENTITY: list[str] = []
 _PLATFORMDIRS: list[tuple] = []  # the identity of the installed platformdirs' files
+_PATHS: dict[tuple, tuple] = {}  # the site and user files, by _config_path's key
 
 
 def enable() -> None:
@@ -99,33 +100,22 @@ def get(kind: str, key: tuple, data: object, records: tuple[type, ...] = ()) -> 
         return None
 
 
-def put(kind: str, key: tuple, data: object, value: object, records: tuple[type, ...] = ()) -> None:
-    """Store ``value`` for ``key`` and ``data``; silently nothing when it cannot be stored."""
-    if not _ENABLED or not _code_identity():
+def put(kind: str, key: tuple, data: object, value: object) -> None:
+    """Store ``value`` (plain data and records, as ``get`` reads back) for ``key`` and
+    ``data``; silently nothing when it cannot be stored."""
+    if not _ENABLED or not _code_identity() or value is None:
         return
     try:
         full = (kind, *key, _code_identity())
-        blob = pickle.dumps((full, data, value), protocol=4)
-        if _loads(blob, records)[2] is not None:  # only what `get` reads back
-            cachedir.write(_name(full), blob)
+        cachedir.write(_name(full), pickle.dumps((full, data, value), protocol=4))
     except Exception:  # unpicklable, refused, read-only, full, raced: no cache
         pass
 
 
-def site_path() -> str:
-    """The site config file (platformdirs' ``site_config_dir``), remembered."""
-    return _config_path("site")
-
-
-def user_path() -> str:
-    """The user config file (platformdirs' ``user_config_dir``), remembered."""
-    return _config_path("user")
-
-
-def _config_path(layer: str) -> str:
-    """platformdirs' answer, remembered by what it depends on: the environment variables it
-    reads, the user, the platform and the installed platformdirs' files (looked up once per
-    process, without importing it)."""
+def config_path(layer: str) -> str:
+    """The ``site`` or ``user`` config file: platformdirs' answer for both, remembered together
+    by what it depends on: the environment variables it reads, the user, the platform and the
+    installed platformdirs' files (looked up once per process, without importing it)."""
     key: tuple = ()
     try:
         names = ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS")
@@ -133,16 +123,17 @@ def _config_path(layer: str) -> str:
                _platformdirs()) if _ENABLED else ()  # fmt: skip
     except Exception:  # no cache
         pass
-    hit = get(f"{layer}-dir", key, None) if key and key[-1] else None
-    if isinstance(hit, str):
-        return hit
-    import platformdirs
+    paths = _PATHS.get(key) or (get("config-dirs", key, None) if key and key[-1] else None)
+    if not (isinstance(paths, tuple) and len(paths) == 2 and all(type(p) is str for p in paths)):
+        import platformdirs
 
-    where = platformdirs.site_config_dir if layer == "site" else platformdirs.user_config_dir
-    path = os.path.join(where("autoalloc"), "config.toml")
-    if key and key[-1]:
-        put(f"{layer}-dir", key, None, path)
-    return path
+        found = (platformdirs.site_config_dir, platformdirs.user_config_dir)
+        paths = tuple(os.path.join(where("autoalloc"), "config.toml") for where in found)
+        if key and key[-1]:
+            put("config-dirs", key, None, paths)
+    if key:
+        _PATHS[key] = paths
+    return paths[layer == "user"]
 
 
 def _platformdirs() -> tuple:

@@ -25,6 +25,7 @@ from autoalloc.policy import LayerConfig
 # Project file names, in the order they are tried in each directory.
 PROJECT_FILES = ("autoalloc.toml", "pyproject.toml")
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
+RELEASED_BUILTIN_PATH = BUILTIN_PATH[: -len("toml")] + "json"  # sources._released
 WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 Stat = Callable[[str], os.stat_result]
 Examined = Literal["present", "absent", "blocked"]

@@ -27,8 +27,7 @@ LAYERS: tuple[LayerName, ...] = get_args(LayerName)
 
 __all__ = [
     "LAYERS", "LayerConfig", "LayerName", "LayerState", "LayerStatus", "Policy", "PolicyError",
-    "Rule", "Source", "Valued", "compose", "salvage", "summarize", "switched",
-    "unknown_switches", "validate",
+    "Rule", "Source", "Valued", "compose", "salvage", "summarize", "switched", "unknown_switches",
 ]
 
 
@@ -102,15 +101,6 @@ class Valued:
     rule: str | None = None
 
 
-def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
-    """Check a parsed TOML document (the ``[tool.autoalloc]`` table for pyproject.toml);
-    raises PolicyError for its first mistake."""
-    config, problems = _layer(data, source, allow_trust)
-    if problems:
-        raise PolicyError(problems[0].text)
-    return config
-
-
 def salvage(
     data: object, source: Source, allow_trust: bool = False
 ) -> tuple[LayerConfig, tuple[str, ...]]:
@@ -133,14 +123,21 @@ def _layer(
     from autoalloc import schema  # only where a file is parsed: cached layers skip it
 
     document = schema.walk(data, source.layer, allow_trust)
-    config = LayerConfig(
+    kept = (document.settings, document.rules, document.wrappers, document.pending)
+    return walked(source, *kept), document.problems
+
+
+def walked(source: Source, settings: Mapping[str, Any], rules: Sequence[Mapping[str, Any]],
+           wrappers: Sequence[Mapping[str, Any]], pending: bool) -> LayerConfig:  # fmt: skip
+    """A layer's records from what the schema's walk kept: each top-level setting of
+    ``schema.TOP`` is a field of the same name; rules and wrappers are checked tables."""
+    return LayerConfig(
         source=source,
-        rules=tuple(_rule(checked, source) for checked in document.rules),
-        wrappers=tuple(Wrapper(layer=source.layer, **w) for w in document.wrappers),
-        pending=document.pending,
-        **document.settings,  # each top-level setting of schema.TOP is a field of the same name
+        rules=tuple(_rule(checked, source) for checked in rules),
+        wrappers=tuple(Wrapper(layer=source.layer, **w) for w in wrappers),
+        pending=pending,
+        **settings,
     )
-    return config, document.problems
 
 
 def _rule(checked: Mapping[str, Any], source: Source) -> Rule:

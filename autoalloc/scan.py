@@ -137,7 +137,7 @@ def cached(
         return hit[2]
     found = scan(script, args, cwd, libraries(), wanted)
     paths = (*found.files, *found.configs, *(u.rpartition(" (")[0] for u in found.unread))
-    layercache.put("scan", (script, cwd), data, (paths, _stamps(paths), found), kept)
+    layercache.put("scan", (script, cwd), data, (paths, _stamps(paths), found))
     return found
 
 

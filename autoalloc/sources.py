@@ -13,7 +13,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import zlib
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from autoalloc import layercache, layerpaths, messages, safefile, wrappers
 from autoalloc.entrypoint import EntryPoint
@@ -31,6 +33,7 @@ from autoalloc.policy import (
     compose,
     salvage,
     unknown_switches,
+    walked,
 )
 from autoalloc.records import replace
 
@@ -61,11 +64,6 @@ def read_file(path: str) -> tuple[bytes, os.stat_result]:
         raise LayerError(str(exc)) from None
     except (OSError, ValueError) as exc:  # ValueError: an embedded NUL in the path
         raise LayerError(f"cannot read: {getattr(exc, 'strerror', None) or exc}") from None
-
-
-def read_bytes(path: str) -> bytes:
-    """A policy file's bytes; raises FileNotFoundError when absent, LayerError when unusable."""
-    return read_file(path)[0]
 
 
 def parse_toml(data: bytes) -> dict:
@@ -100,12 +98,12 @@ def _pyproject(data: bytes) -> tuple[object, list[str]]:
     """A pyproject.toml's ``[tool.autoalloc]`` table (None: it has none) and a sentence for
     each autoalloc table or key where autoalloc does not read it.
 
-    Parsed only when it names autoalloc (or ``_MISNAMED``) or holds one of ``_PASTED``: most
-    pyproject.toml files are not ours. One that does not name autoalloc and is not valid
-    TOML is not ours either (None); one that names autoalloc raises LayerError.
+    Parsed only when it names autoalloc (or ``_MISNAMED``) as a key (``_as_key``) or holds
+    one of ``_PASTED``: most pyproject.toml files are not ours, nor one that names autoalloc
+    only as a dependency. One not valid TOML is not ours (None) unless it names ours: LayerError.
     """
     mentioned = b"autoalloc" in data
-    named = mentioned or any(name in data for name in _MISNAMED)
+    named = any(_as_key(data, name) for name in (b"autoalloc", *_MISNAMED))
     if not named and not any(header in data for header in _PASTED):
         return None, []
     try:
@@ -121,6 +119,20 @@ def _pyproject(data: bytes) -> tuple[object, list[str]]:
     if not isinstance(tool, dict) or "autoalloc" not in tool:
         return None, found
     return tool["autoalloc"], found
+
+
+def _as_key(data: bytes, name: bytes) -> bool:
+    """Whether ``name`` occurs where TOML could have it as a key: followed (past a closing
+    quote and blanks) by ``.`` or ``=`` (not ``==``), or by ``]`` on a table's header line.
+    Errs towards yes; a dependency (``"autoalloc>=0.3",``, ``["torch", "autoalloc"]``) is no."""
+    at = data.find(name)
+    while at >= 0:
+        after = data[at + len(name) : at + len(name) + 64].lstrip(b"\"'").lstrip(b" \t")
+        header = data[data.rfind(b"\n", 0, at) + 1 : at].lstrip()[:1] == b"["
+        if after[:1] in (b".", b"=", b"]") and after[:2] != b"==" and (after[:1] != b"]" or header):
+            return True
+        at = data.find(name, at + 1)
+    return False
 
 
 def _misnamed(document: dict) -> list[str]:
@@ -170,11 +182,34 @@ def _table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
     return table, tuple(found)
 
 
+def _released(data: bytes) -> dict | None:
+    """builtin.toml as validated for the release (builtin.json: what the schema's walk kept):
+    no TOML parser or validator in the first process; None when made from other bytes (an
+    edited builtin.toml is parsed) or unreadable. ``test_builtin_policy`` checks it."""
+    import json  # torch imports it anyway
+
+    try:
+        with open(layerpaths.RELEASED_BUILTIN_PATH, "rb") as f:
+            twin = json.loads(f.read())
+        return _tuples(twin["walked"]) if twin["toml"] == [len(data), zlib.crc32(data)] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tuples(value: object) -> Any:
+    """JSON's lists as the tuples the walk keeps (a list of strings at once: the most)."""
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    return tuple(value) if all(type(v) is str for v in value) else tuple(map(_tuples, value))
+
+
 def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
-    """``_table`` for a project candidate; a ``pyproject.toml`` that mentions autoalloc
-    without a ``[tool.autoalloc]`` table (a dependency list) is remembered as such across
+    """``_table`` for a project candidate; a ``pyproject.toml`` that names autoalloc where
+    TOML has a key, and has no ``[tool.autoalloc]`` table, is remembered as such across
     processes (``layercache``, by its exact bytes), so that no process parses it again."""
-    if os.path.basename(path) != "pyproject.toml" or b"autoalloc" not in data:
+    if os.path.basename(path) != "pyproject.toml" or not _as_key(data, b"autoalloc"):
         return _table(path, data)  # parsed anyway, or not at all (_pyproject)
     if layercache.get("no-table", (path,), data) is True:
         return None, ()
@@ -189,7 +224,8 @@ def shadowed_table(path: str) -> str | None:
     table, which is then never read (None: there is none, or it is not one)."""
     sibling = layerpaths.beside(path)
     try:
-        return sibling if sibling and _table(sibling, read_bytes(sibling))[0] is not None else None
+        found = sibling and _table(sibling, read_file(sibling)[0])[0] is not None
+        return sibling if found else None
     except (FileNotFoundError, LayerError):
         return None
 
@@ -264,17 +300,6 @@ def _find(
     return None, tuple(skipped)
 
 
-def find_project(start: str | None) -> LayerStatus | None:
-    """The nearest project policy searched upward from ``start``, without ownership checks.
-
-    ``autoalloc.toml`` wins over ``pyproject.toml`` in the same directory; a
-    ``pyproject.toml`` without ``[tool.autoalloc]`` does not count, nor one that cannot be
-    inspected. Unlike the project layer of ``read_layers``, it does not name the table the
-    winner leaves unread.
-    """
-    return _find(start, None)[0]
-
-
 # What a cached layer may hold besides plain data (``layercache`` builds nothing else).
 _LAYER_RECORDS = (LayerConfig, Rule, Source, wrappers.Wrapper, RulePatterns)
 # The one memo of validated layers in a process, above the disk cache: a later decision of
@@ -313,7 +338,7 @@ def _cached(layer: LayerName, path: str, allow_trust: bool, data: bytes) -> Laye
 def load_file(layer: LayerName, path: str, allow_trust: bool = True) -> LayerStatus:
     """One named layer file, read and validated."""
     try:
-        found = _layer(layer, path, read_bytes(path), allow_trust)
+        found = _layer(layer, path, read_file(path)[0], allow_trust)
     except FileNotFoundError:
         return LayerStatus(layer, path, "missing")
     except LayerError as exc:
@@ -329,19 +354,23 @@ def _layer(
     cached = _cached(layer, path, allow_trust, data)
     if cached is not None:
         return cached
-    table, notes = tables(path, data)
-    if table is None:
-        return None
-    try:
-        config, problems = salvage(table, Source(layer, path), allow_trust)
-    except PolicyError as exc:
-        return LayerStatus(layer, path, "error", str(exc))
-    # A file used in part is "found", with a note of each part left out.
-    done = LayerStatus(layer, path, "found", config=config, data=data, notes=(*notes, *problems))
+    released = _released(data) if path == BUILTIN_PATH and not allow_trust else None
+    if released is not None:
+        config, notes = walked(Source(layer, path), **released), ()
+    else:
+        table, notes = tables(path, data)
+        if table is None:
+            return None
+        try:
+            config, problems = salvage(table, Source(layer, path), allow_trust)
+        except PolicyError as exc:
+            return LayerStatus(layer, path, "error", str(exc))
+        notes = (*notes, *problems)  # a file used in part is "found", with a note of each
+    done = LayerStatus(layer, path, "found", config=config, data=data, notes=notes)
     if data:
         key = _layer_key(layer, path, allow_trust)
         _remember(key, data, done)
-        layercache.put("layer", key, data, ("found", done.notes, config), _LAYER_RECORDS)
+        layercache.put("layer", key, data, ("found", done.notes, config))
     return done
 
 
@@ -381,8 +410,8 @@ def read_layers(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> l
         table = builtin.config.wrappers + builtin_wrappers()
         builtin = replace(builtin, config=replace(builtin.config, wrappers=table))
     # 2. site and 3. user config files (platformdirs)
-    site = _config_dir_layer("site", layercache.site_path)
-    user = _config_dir_layer("user", layercache.user_path)
+    site = _config_dir_layer("site", lambda: layercache.config_path("site"))
+    user = _config_dir_layer("user", lambda: layercache.config_path("user"))
     # 5. AUTOALLOC_CONFIG is read before the project layer, although it ranks above it: its
     # trusted_dirs, like the user's and the site's, decide whether a project file owned by
     # another user may be used, so it must be known before the project search.

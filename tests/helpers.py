@@ -16,10 +16,26 @@ from pathlib import Path
 
 import pytest
 
+from autoalloc import policy, sources
 from autoalloc.envvars import RANK_VARS
-from autoalloc.policy import Policy, Source, compose, validate
+from autoalloc.policy import LayerConfig, LayerStatus, Policy, PolicyError, Source, compose
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def find_project(start: str | None) -> LayerStatus | None:
+    """The nearest project policy searched upward from ``start``, without ownership checks
+    (the project layer of ``sources.read_layers`` without the files passed over)."""
+    return sources._find(start, None)[0]
+
+
+def validate(data: object, source: Source, allow_trust: bool = False) -> LayerConfig:
+    """A parsed policy document checked strictly: PolicyError for its first mistake (the
+    package salvages what it can instead: ``policy.salvage``)."""
+    config, problems = policy._layer(data, source, allow_trust)
+    if problems:
+        raise PolicyError(problems[0].text)
+    return config
 PY = sys.executable
 CUDA_PY = os.environ.get("AUTOALLOC_TORCH_CUDA_PYTHON", "")
 ALLOC_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF", "PYTORCH_ALLOC_CONF")

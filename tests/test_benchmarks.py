@@ -242,8 +242,9 @@ def test_bench_arm_environments(tmp_path: Path) -> None:
     assert arms["static-on"].environ(base)["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert arms["static-off"].command[-1] == "--static"
     # a policy file autoalloc itself accepts, whose rule matches the workload module
-    from autoalloc.policy import Source, validate
+    from autoalloc.policy import Source
     from autoalloc.sources import parse_toml
+    from tests.helpers import validate
 
     config = validate(parse_toml(command.POLICY.encode()), Source("env", "x"), True)
     assert [r.name for r in config.rules] == [command.HOOK_RULE]

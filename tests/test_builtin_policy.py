@@ -16,9 +16,9 @@ import pytest
 from autoalloc import entrypoint, sources
 from autoalloc.decide import decide
 from autoalloc.explain import explain, render
-from autoalloc.policy import PolicyError, Source, validate
+from autoalloc.policy import PolicyError, Source
 from autoalloc.torchinfo import TorchInfo
-from tests.helpers import NEMO, Sandbox
+from tests.helpers import NEMO, REPO, Sandbox, validate
 
 pytestmark = pytest.mark.hook
 
@@ -1031,3 +1031,24 @@ def test_import_fallback_inside_checkouts_modules_and_notebooks(world: Path) -> 
         "none",
         None,
     )
+
+
+def test_builtin_json_is_what_validating_builtin_toml_keeps() -> None:
+    """The first process builds the built-in rules from builtin.json: it must be made from
+    builtin.toml's current bytes by the current schema (after an edit of either:
+    ``python scripts/builtin_json.py``) and give the very records validation gives; bytes it
+    was not made from are parsed and validated instead."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("builtin_json", REPO / "scripts/builtin_json.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    data = Path(sources.BUILTIN_PATH).read_bytes()
+    released = Path(sources.layerpaths.RELEASED_BUILTIN_PATH).read_text(encoding="utf-8")
+    assert released == script.released(data), "run: python scripts/builtin_json.py"
+    sources._LAYERS.clear()  # built here, not remembered from an earlier test
+    layer = sources._layer("builtin", sources.BUILTIN_PATH, data, False)
+    assert sources._released(data) is not None and layer is not None
+    assert repr(layer.config) == repr(BUILTIN) and layer.config == BUILTIN and not layer.notes
+    assert sources._released(data + b"\n") is None  # an edited builtin.toml: parsed as it is

@@ -25,8 +25,9 @@ from autoalloc import entrypoint, plan, sources, wrappers
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match
-from autoalloc.policy import LayerConfig, Policy, Source, compose, validate
+from autoalloc.policy import LayerConfig, Policy, Source, compose
 from autoalloc.torchinfo import TorchInfo
+from tests.helpers import validate
 
 CORPUS_FILE = Path(__file__).parent / "corpus" / "entrypoints.json"
 ROWS: list[dict] = json.loads(CORPUS_FILE.read_text(encoding="utf-8"))["rows"]

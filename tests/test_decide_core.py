@@ -7,10 +7,10 @@ import pytest
 from autoalloc import allocconf
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.policy import LayerStatus, Source, compose, validate
+from autoalloc.policy import LayerStatus, Source, compose
 from autoalloc.records import replace
 from autoalloc.torchinfo import TorchInfo, parse_version_file
-from tests.helpers import policy_of
+from tests.helpers import policy_of, validate
 
 pytestmark = pytest.mark.hook
 CUDA = TorchInfo("2.13.0+cu130", cuda="13.0")

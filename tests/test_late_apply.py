@@ -16,9 +16,9 @@ from autoalloc import allocconf
 from autoalloc.allocconf import InEffect
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
-from autoalloc.policy import Source, compose, validate
+from autoalloc.policy import Source, compose
 from autoalloc.torchinfo import TorchInfo
-from tests.helpers import ES, PY, Sandbox, autoalloc_warnings, probe_result
+from tests.helpers import ES, PY, Sandbox, autoalloc_warnings, probe_result, validate
 
 PROGRAM_SETS = "garbage_collection_threshold:0.7,max_split_size_mb:256"
 TRAINING_RULE = '[[rules]]\nname = "mine"\ntraining = true\nimports = ["json"]\n'

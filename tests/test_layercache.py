@@ -137,9 +137,22 @@ def test_changed_bytes_are_read_again_whatever_the_time_stamps(sandbox) -> None:
     assert "garbage_collection_threshold:0.7" in changed["decision"][2]
 
 
+def test_a_pyproject_naming_autoalloc_only_as_a_dependency_is_never_parsed(sandbox) -> None:
+    # PEP 621 lists, one line or several, versions and extras: the name is no key of TOML's.
+    for deps in ('["torch", "autoalloc"]', '[\n  "autoalloc>=0.1",\n  "autoalloc[torch]==0.2"\n]',
+                 '[\n    "autoalloc"\n]'):  # fmt: skip
+        sandbox.write("pyproject.toml", f'[project]\nname = "asr"\ndependencies = {deps}\n')
+        found = decide(sandbox)
+        assert not found["parsed"] and found["decision"][0] == "none", deps
+        assert not any(p.name.startswith("no-table-") for p in entries(sandbox))
+    # The built-in layer comes from builtin.json: with no cache at all, still no validator.
+    assert not found["schema"]
+    assert not decide(sandbox, env={"XDG_CACHE_HOME": "/nonexistent"})["schema"]
+
+
 def test_a_pyproject_without_our_table_is_not_parsed_again_until_it_changes(sandbox) -> None:
-    # A project that lists autoalloc as a dependency: its pyproject.toml mentions the name.
-    pyproject = sandbox.write("pyproject.toml", '[project]\nname = "asr"\ndependencies = ["autoalloc"]\n')
+    # Poetry lists autoalloc as a key of its dependency table: parsed once, then remembered.
+    pyproject = sandbox.write("pyproject.toml", '[tool.poetry.dependencies]\nautoalloc = "^0.1"\n')
     first = decide(sandbox)
     assert first["parsed"] and first["decision"][0] == "none"
     second = decide(sandbox)

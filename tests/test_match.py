@@ -6,7 +6,8 @@ import pytest
 
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match, pending_triggers
-from autoalloc.policy import Source, compose, validate
+from autoalloc.policy import Source, compose
+from tests.helpers import validate
 
 pytestmark = pytest.mark.hook
 

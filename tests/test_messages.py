@@ -19,8 +19,8 @@ import pytest
 from autoalloc import __version__, cli, decide, messages, schema, sources
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.explain import explain, render
-from autoalloc.policy import LayerConfig, Source, salvage, summarize, validate
-from tests.helpers import Sandbox, autoalloc_warnings
+from autoalloc.policy import LayerConfig, Source, salvage, summarize
+from tests.helpers import Sandbox, autoalloc_warnings, validate
 
 SRC = Source("project", "/p/autoalloc.toml")
 NEMO = "NeMo/examples/asr/asr_ctc/speech_to_text_ctc_bpe.py"

@@ -9,7 +9,8 @@ import pytest
 
 from autoalloc import sources
 from autoalloc.entrypoint import EntryPoint, parse
-from autoalloc.policy import PolicyError, Source, compose, validate
+from autoalloc.policy import PolicyError, Source, compose
+from tests.helpers import find_project, validate
 
 pytestmark = pytest.mark.hook
 SRC = Source("user", "/u/config.toml")
@@ -139,7 +140,7 @@ def test_project_search_upward_from_script_dir(tmp_path: Path) -> None:
     write(tmp_path / "proj" / "pyproject.toml", "[tool.autoalloc]\nenabled = false\n")
     write(tmp_path / "proj" / "sub" / "deeper" / "train.py", "")
     entry = parse(["py", "sub/deeper/train.py"], str(tmp_path / "proj"))
-    found = sources.find_project(sources.project_start(entry, "/nonexistent"))
+    found = find_project(sources.project_start(entry, "/nonexistent"))
     assert found and found.path == str(tmp_path / "proj" / "pyproject.toml")
     assert found.config is not None and found.config.enabled is False
 
@@ -148,14 +149,14 @@ def test_project_search_from_cwd_without_script(tmp_path: Path) -> None:
     write(tmp_path / "autoalloc.toml", "enabled = false\n")
     (tmp_path / "a" / "b").mkdir(parents=True)
     start = sources.project_start(EntryPoint("module", "pkg.mod"), str(tmp_path / "a" / "b"))
-    assert sources.find_project(start).path == str(tmp_path / "autoalloc.toml")
+    assert find_project(start).path == str(tmp_path / "autoalloc.toml")
 
 
 def test_pyproject_without_table_is_skipped_and_autoalloc_toml_wins(tmp_path: Path) -> None:
     write(tmp_path / "autoalloc.toml", "enabled = true\n")
     write(tmp_path / "pyproject.toml", "[tool.autoalloc]\nenabled = false\n")
     write(tmp_path / "inner" / "pyproject.toml", '[project]\nname = "x"\ndependencies = ["autoalloc"]\n')
-    found = sources.find_project(str(tmp_path / "inner"))
+    found = find_project(str(tmp_path / "inner"))
     assert found.path == str(tmp_path / "autoalloc.toml")
 
 
@@ -212,15 +213,15 @@ def test_oversized_and_non_regular_files(tmp_path: Path) -> None:
     with open(big, "wb") as f:
         f.truncate(sources.MAX_BYTES + 1)
     with pytest.raises(sources.LayerError, match="larger than"):
-        sources.read_bytes(str(big))
+        sources.read_file(str(big))
     (tmp_path / "dir.toml").mkdir()
     with pytest.raises(sources.LayerError, match="directory"):
-        sources.read_bytes(str(tmp_path / "dir.toml"))
+        sources.read_file(str(tmp_path / "dir.toml"))
     os.mkfifo(tmp_path / "fifo.toml")
     with pytest.raises(sources.LayerError, match="not a regular file"):
-        sources.read_bytes(str(tmp_path / "fifo.toml"))
+        sources.read_file(str(tmp_path / "fifo.toml"))
     with pytest.raises(FileNotFoundError):
-        sources.read_bytes(str(tmp_path / "none.toml"))
+        sources.read_file(str(tmp_path / "none.toml"))
 
 
 def test_ten_thousand_rules_validate_and_compose() -> None:

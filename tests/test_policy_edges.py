@@ -21,6 +21,7 @@ from tests.helpers import (
     assert_applied,
     assert_untouched,
     autoalloc_warnings,
+    find_project,
 )
 
 # A script that imports torch, then starts a child that imports torch too (one job), then
@@ -79,17 +80,45 @@ def test_top_level_keys_without_a_table_are_a_broken_policy(tmp_path: Path) -> N
         'disable = ["hf-asr-examples"]\n[project]\nname = "x"\ndependencies = ["autoalloc"]\n'
         '[allocator]\nexpandable_segments = true\n'
     )
-    found = sources.find_project(str(tmp_path))
+    found = find_project(str(tmp_path))
     assert found is not None and found.status == "error"
     assert "tool.autoalloc.disable = [...]" in found.message
     assert "write [tool.autoalloc.allocator]" in found.message
     # Another tool's top-level [[rules]] in a file that never names autoalloc is not ours.
     path.write_text('[project]\nname = "x"\n[[rules]]\nid = "E1"\n')
-    assert sources.find_project(str(tmp_path)) is None
+    assert find_project(str(tmp_path)) is None
     # ... but autoalloc's rule, pasted without [tool.autoalloc], is.
     path.write_text('[[rules]]\nname = "r"\nscripts = ["a.py"]\n')
-    found = sources.find_project(str(tmp_path))
+    found = find_project(str(tmp_path))
     assert found is not None and "[[tool.autoalloc.rules]]" in found.message
+
+
+AS_KEY = [  # (pyproject.toml text, whether autoalloc may be a key there: then it is parsed)
+    ('[tool.autoalloc]\nenabled = false\n', True),
+    ('[ tool . "autoalloc" ]\n', True),
+    ("[[tool.autoalloc.rules]]\n", True),
+    ('[tool]\nautoalloc = { enabled = false }\n', True),
+    ('[tool]\n"autoalloc".enabled = false\n', True),
+    ("tool.autoalloc.enabled = false\n", True),
+    ('tool = {black = {}, autoalloc = {enabled = false}}\n', True),
+    ('[tool.poetry.dependencies]\nautoalloc = "^0.1"\n', True),  # a key: parsed (and remembered)
+    ('[project]\ndependencies = ["torch", "autoalloc"]\n', False),
+    ('[project]\ndependencies = [\n  "autoalloc"]\n', False),
+    ('[project]\ndependencies = [\n  "autoalloc>=0.1",\n  "autoalloc[torch]==0.2",\n]\n', False),
+    ('[project]\ndependencies = ["autoalloc==0.1"]\n', False),
+    ("# autoalloc: see README\n", False),
+]
+
+
+@pytest.mark.parametrize("text, expected", AS_KEY)
+def test_autoalloc_is_read_as_a_key_wherever_toml_could_have_it_so(
+    tmp_path: Path, text: str, expected: bool
+) -> None:
+    assert sources._as_key(text.encode(), b"autoalloc") is expected
+    if expected:  # none of them is missed: each is parsed (a table, a misplaced key, a no-table)
+        (tmp_path / "pyproject.toml").write_text(text)
+        table, _ = sources._table(str(tmp_path / "pyproject.toml"), text.encode())
+        assert (table is not None) is ("poetry" not in text), text
 
 
 MISNAMED = [
@@ -107,19 +136,19 @@ def test_a_misnamed_table_is_a_broken_policy(
 ) -> None:
     path = tmp_path / "pyproject.toml"
     path.write_text('[project]\nname = "x"\n' + text)
-    found = sources.find_project(str(tmp_path))
+    found = find_project(str(tmp_path))
     assert found is not None and found.status == "error"
     assert f"{wrote} in pyproject.toml is not read by autoalloc: {right}" in found.message
     # Beside a [tool.autoalloc] table, the table applies and the other is named.
     path.write_text("[tool.autoalloc]\nenabled = true\n" + text)
-    found = sources.find_project(str(tmp_path))
+    found = find_project(str(tmp_path))
     assert found is not None and found.status == "found" and right in found.message
     (problem,) = sources.pyproject_problems(str(path), path.read_bytes())
     assert right in problem
     # A pyproject.toml that names no spelling of autoalloc is not parsed at all.
     monkeypatch.setattr(sources, "parse_toml", lambda data: pytest.fail("parsed"))
     path.write_text('[project]\nname = "x"\n[tool.black]\nline-length = 100\n')
-    assert sources.find_project(str(tmp_path)) is None
+    assert find_project(str(tmp_path)) is None
 
 
 def test_a_misnamed_table_is_said_by_check_explain_and_once_per_job(sandbox: Sandbox) -> None:
@@ -220,10 +249,10 @@ def test_a_large_pyproject_is_searched_for_autoalloc(tmp_path: Path) -> None:
     big.parent.mkdir()
     filler = b"# " + b"x" * 1000 + b"\n"
     big.write_bytes(b'[project]\nname = "x"\n' + filler * 2000)  # 2 MB, not ours
-    found = sources.find_project(str(big.parent))
+    found = find_project(str(big.parent))
     assert found is not None and found.path == str(tmp_path / "autoalloc.toml")
     big.write_bytes(filler * 1500 + b"[tool.autoalloc]\n" + filler * 500)  # ours, too large
-    found = sources.find_project(str(big.parent))
+    found = find_project(str(big.parent))
     assert found is not None and found.path == str(big) and found.status == "error"
     assert "larger than 1024 KiB" in found.message
 
@@ -232,7 +261,7 @@ def test_a_readable_pyproject_with_a_broken_table_stays_a_broken_policy(tmp_path
     (tmp_path / "autoalloc.toml").write_text("enabled = false\n")
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "pyproject.toml").write_text("[tool.autoalloc]\nenabled = \n")
-    found = sources.find_project(str(tmp_path / "pkg"))
+    found = find_project(str(tmp_path / "pkg"))
     assert found is not None and found.status == "error" and "not valid TOML" in found.message
 
 

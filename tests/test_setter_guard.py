@@ -16,7 +16,7 @@ import pytest
 
 from autoalloc import guards, policy
 from autoalloc.messages import shortened
-from tests.helpers import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings
+from tests.helpers import CUDA_PY, NEMO, PY, Sandbox, autoalloc_warnings, validate
 
 USER = "garbage_collection_threshold:0.8,max_split_size_mb:512"
 ENV = {"PYTORCH_CUDA_ALLOC_CONF": USER}
@@ -289,10 +289,10 @@ def test_torchrun_ranks_warn_once_per_job(sandbox: Sandbox) -> None:
 @pytest.mark.hook
 def test_on_setter_policy_key() -> None:
     source = policy.Source("project", "/w/autoalloc.toml")
-    assert policy.validate({"on_setter": "merge"}, source).on_setter == "merge"
+    assert validate({"on_setter": "merge"}, source).on_setter == "merge"
     with pytest.raises(policy.PolicyError, match="on_setter must be 'warn' or 'merge'"):
-        policy.validate({"on_setter": "keep"}, source)
-    composed = policy.compose([policy.validate({"on_setter": "merge"}, source)])
+        validate({"on_setter": "keep"}, source)
+    composed = policy.compose([validate({"on_setter": "merge"}, source)])
     assert composed.on_setter == policy.Valued("merge", source)
     assert policy.compose([]).on_setter == policy.Valued("warn")
 
@@ -378,7 +378,7 @@ def test_origins_name_the_variable_the_rule_and_the_file() -> None:
     rule = {
         "name": "asr", "scripts": ["train_asr.py"], "allocator": {"roundup_power2_divisions": 4}
     }
-    composed = policy.compose([policy.validate({"rules": [rule]}, source)])
+    composed = policy.compose([validate({"rules": [rule]}, source)])
     entry = EntryPoint("script", "/w/train_asr.py", (), "/w/train_asr.py", "/w/train_asr.py")
     env = {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:512"}
     decision = decide(composed, entry, env, TorchInfo("2.14.1+cu130", cuda="13.0"))

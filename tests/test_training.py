@@ -21,9 +21,16 @@ from autoalloc import sources
 from autoalloc.decide import decide
 from autoalloc.entrypoint import EntryPoint
 from autoalloc.match import first_match
-from autoalloc.policy import PolicyError, Source, compose, validate
+from autoalloc.policy import PolicyError, Source, compose
 from autoalloc.torchinfo import TorchInfo
-from tests.helpers import ES, Sandbox, assert_applied, assert_untouched, autoalloc_warnings
+from tests.helpers import (
+    ES,
+    Sandbox,
+    assert_applied,
+    assert_untouched,
+    autoalloc_warnings,
+    validate,
+)
 
 CORPUS = [
     row

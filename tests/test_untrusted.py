@@ -309,7 +309,9 @@ def test_no_home_is_no_user_layer(world: Path, monkeypatch: pytest.MonkeyPatch) 
     planted.write_text('trusted_dirs = ["*"]\nenabled = false\n')
     for relative in (False, True):
         if relative:  # what older platformdirs return
-            monkeypatch.setattr(layercache, "user_path", lambda: "~/.config/autoalloc/config.toml")
+            monkeypatch.setattr(
+                layercache, "config_path", lambda layer: "~/.config/autoalloc/config.toml"
+            )
         policy, _ = load(world, cwd=str(world / "proj"))
         user = next(s for s in policy.layers if s.layer == "user")
         assert user.status == "missing" and policy.enabled.value is True

@@ -10,8 +10,9 @@ import pytest
 
 from autoalloc import sources
 from autoalloc.entrypoint import EntryPoint, parse
-from autoalloc.policy import LayerConfig, PolicyError, Source, compose, validate
+from autoalloc.policy import LayerConfig, PolicyError, Source, compose
 from autoalloc.wrappers import Wrapper, unwrap, worker_argv
+from tests.helpers import validate
 
 pytestmark = pytest.mark.hook
 PY = "/venv/bin/python"

@@ -266,13 +266,6 @@ def by_rank(reports: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(reports, key=lambda r: (report_rank(r) is None, report_rank(r) or 0))
 
 
-EXIT_CODES = {
-    0: "every path held reports, all read",
-    1: "no report at all, or some file held something else (each named on stderr)",
-    2: "usage error",
-}
-
-
 def command(paths: Iterable[str], as_json: bool, out: IO[str], err: IO[str]) -> int:
     """``autoalloc report PATH...``: the table (or JSON) of every report, a line per bad file."""
     from autoalloc.ab import table
