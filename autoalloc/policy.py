@@ -131,13 +131,9 @@ def walked(source: Source, settings: Mapping[str, Any], rules: Sequence[Mapping[
            wrappers: Sequence[Mapping[str, Any]], pending: bool) -> LayerConfig:  # fmt: skip
     """A layer's records from what the schema's walk kept: each top-level setting of
     ``schema.TOP`` is a field of the same name; rules and wrappers are checked tables."""
-    return LayerConfig(
-        source=source,
-        rules=tuple(_rule(checked, source) for checked in rules),
-        wrappers=tuple(Wrapper(layer=source.layer, **w) for w in wrappers),
-        pending=pending,
-        **settings,
-    )
+    made = tuple(_rule(checked, source) for checked in rules)
+    wraps = tuple(Wrapper(layer=source.layer, **w) for w in wrappers)
+    return LayerConfig(source=source, rules=made, wrappers=wraps, pending=pending, **settings)
 
 
 def _rule(checked: Mapping[str, Any], source: Source) -> Rule:

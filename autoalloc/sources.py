@@ -11,6 +11,7 @@ process and across processes (``layercache``); the wrappers are taken off by ``p
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import zlib
@@ -122,15 +123,18 @@ def _pyproject(data: bytes) -> tuple[object, list[str]]:
 
 
 def _as_key(data: bytes, name: bytes) -> bool:
-    """Whether ``name`` occurs where TOML could have it as a key: followed (past a closing
-    quote and blanks) by ``.`` or ``=`` (not ``==``), or by ``]`` on a table's header line.
-    Errs towards yes; a dependency (``"autoalloc>=0.3",``, ``["torch", "autoalloc"]``) is no."""
+    """Whether ``name`` occurs where TOML may have it as a key: anywhere but in a quoted value
+    ending before ``,`` ``]`` or the line's end off a header line (``"autoalloc>=0.3",``,
+    ``["torch", "autoalloc"]``: a dependency). Errs towards yes (a comment, a broken line)."""
     at = data.find(name)
     while at >= 0:
-        after = data[at + len(name) : at + len(name) + 64].lstrip(b"\"'").lstrip(b" \t")
-        header = data[data.rfind(b"\n", 0, at) + 1 : at].lstrip()[:1] == b"["
-        if after[:1] in (b".", b"=", b"]") and after[:2] != b"==" and (after[:1] != b"]" or header):
-            return True
+        start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
+        line = data[start : end if end >= 0 else len(data)]
+        quote, after = data[at - 1 : at] if at > start else b"", at - start + len(name)
+        if quote not in (b'"', b"'") or line.lstrip()[:1] == b"[" or quote not in line[after:]:
+            return True  # not in a quoted value, or on a header line
+        if line[line.index(quote, after) + 1 :].strip()[:1] not in (b",", b"]", b"", b"#"):
+            return True  # a quoted key
         at = data.find(name, at + 1)
     return False
 
@@ -186,8 +190,6 @@ def _released(data: bytes) -> dict | None:
     """builtin.toml as validated for the release (builtin.json: what the schema's walk kept):
     no TOML parser or validator in the first process; None when made from other bytes (an
     edited builtin.toml is parsed) or unreadable. ``test_builtin_policy`` checks it."""
-    import json  # torch imports it anyway
-
     try:
         with open(layerpaths.RELEASED_BUILTIN_PATH, "rb") as f:
             twin = json.loads(f.read())

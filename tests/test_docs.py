@@ -270,11 +270,11 @@ def module_map() -> set[str]:
 
 def package_files() -> set[str]:
     """Every module and data file of the package, named as the map names them: ``layercache``,
-    ``ab/recorder``, ``bench/__main__``, ``builtin.toml``."""
+    ``ab/recorder``, ``bench/__main__``, ``builtin.toml``, ``builtin.json``."""
     return {
         path.relative_to(PACKAGE).as_posix().removesuffix(".py")
         for path in PACKAGE.rglob("*")
-        if path.suffix in (".py", ".toml") and "__pycache__" not in path.parts
+        if path.suffix in (".py", ".toml", ".json") and "__pycache__" not in path.parts
     }
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -411,9 +412,23 @@ def check_value(value: str, where: str) -> None:
         raise AssertionError(f"{where}={value!r} is rejected by torch: {type(exc).__name__}: {exc}") from None
 
 
+# autoalloc named in a quoted value that ``,``, ``]``, a comment or the line's end follows (off
+# a header line): a dependency, which makes a pyproject.toml no more ours than not naming it.
+DEPENDENCY = re.compile(rb'["\']auto[-_]?alloc[^"\'\n]*["\'][ \t\r]*(?=[,\]#]|$)')
+
+
+def ours(data: bytes) -> bool:
+    """Whether a pyproject.toml names autoalloc where it may be a key of TOML's."""
+    for line in data.split(b"\n"):
+        named = len(re.findall(rb"auto[-_]?alloc", line))
+        if named and (line.lstrip()[:1] == b"[" or named > len(DEPENDENCY.findall(line))):
+            return True
+    return False
+
+
 def parses(data: bytes, pyproject: bool) -> bool | None:
     """Whether the file is valid TOML (None: a pyproject.toml that is not ours anyway)."""
-    if pyproject and b"autoalloc" not in data:
+    if pyproject and not ours(data):
         return None
     try:
         import tomllib
