@@ -471,23 +471,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _explain_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument(
-        "-v", "--verbose", action="store_true", help="list every rule, built-in ones included"
-    )
-    p.add_argument(
-        "--import",
-        dest="imports",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="decide as if the program imported MODULE (repeatable): what a notebook or a "
-        "script that imports a toolkit would get",
-    )
-    p.add_argument(
-        "--trains",
-        action="store_true",
-        help="decide as once the program has built its optimizer (rules with training = true)",
-    )
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every rule, built-in ones included")  # fmt: skip
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="decide as if the program imported MODULE (repeatable): what a notebook "
+                   "or a script that imports a toolkit would get")  # fmt: skip
+    p.add_argument("--trains", action="store_true", help="decide as once the program has built "
+                   "its optimizer (rules with training = true)")  # fmt: skip
     p.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command to explain"
     )
@@ -501,17 +491,12 @@ def _init_options(p: argparse.ArgumentParser) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--project", action="store_true", help="./autoalloc.toml (default)")
     where.add_argument("--user", action="store_true", help="the user config file (platformdirs)")
-    where.add_argument(
-        "--into-pyproject",
-        action="store_true",
-        help="append a commented [tool.autoalloc] section to ./pyproject.toml instead",
-    )
-    p.add_argument(
-        "--force",
-        action="store_true",
-        help="write ./autoalloc.toml even where it replaces the project policy of a "
-        "pyproject.toml beside it or of a file above (never overwrites a file)",
-    )
+    where.add_argument("--into-pyproject", action="store_true",
+                       help="append a commented [tool.autoalloc] section to ./pyproject.toml "
+                       "instead")  # fmt: skip
+    p.add_argument("--force", action="store_true", help="write ./autoalloc.toml even where it "
+                   "replaces the project policy of a pyproject.toml beside it or of a file above "
+                   "(never overwrites a file)")  # fmt: skip
 
 
 def _check_options(p: argparse.ArgumentParser) -> None:

@@ -112,10 +112,13 @@ def put(kind: str, key: tuple, data: object, value: object) -> None:
         pass
 
 
-def config_path(layer: str) -> str:
+def config_path(layer: str) -> str | None:
     """The ``site`` or ``user`` config file: platformdirs' answer for both, remembered together
     by what it depends on: the environment variables it reads, the user, the platform and the
-    installed platformdirs' files (looked up once per process, without importing it)."""
+    installed platformdirs' files (looked up once per process, without importing it). None:
+    in the hook, no file can be there (``_none_there``), and platformdirs is not asked."""
+    if _none_there():
+        return None
     key: tuple = ()
     try:
         names = ("HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS")
@@ -134,6 +137,17 @@ def config_path(layer: str) -> str:
     if key:
         _PATHS[key] = paths
     return paths[layer == "user"]
+
+
+def _none_there() -> bool:
+    """In the hook on Linux, whether no ``autoalloc`` folder is in any XDG configuration
+    directory, where platformdirs names both files (``test_layercache`` holds it to that)."""
+    env = os.environ
+    if not _ENABLED or sys.platform != "linux" or "ANDROID_DATA" in env:
+        return False
+    dirs = env.get("XDG_CONFIG_DIRS", "").split(":")
+    bases = (env.get("XDG_CONFIG_HOME"), "~/.config", "/etc/xdg", *dirs)
+    return not any(os.path.isdir(os.path.expanduser(f"{b}/autoalloc")) for b in bases if b)
 
 
 def _platformdirs() -> tuple:

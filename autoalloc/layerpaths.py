@@ -28,6 +28,7 @@ BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin
 RELEASED_BUILTIN_PATH = BUILTIN_PATH[: -len("toml")] + "json"  # sources._released
 WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 Stat = Callable[[str], os.stat_result]
+Locate = Callable[[], "str | None"]  # a site or user file, or None: none can be there
 Examined = Literal["present", "absent", "blocked"]
 
 
@@ -98,13 +99,15 @@ def examine(path: str, stat: Stat | None = None) -> Examined:
     return "present"
 
 
-def config_file(locate: Callable[[], str], stat: Stat | None = None) -> tuple[str | None, str]:
-    """The site or user file that ``locate`` names, and why no file of the user's can be
-    there ("": one may be)."""
+def config_file(locate: Locate, stat: Stat | None = None) -> tuple[str | None, str]:
+    """The site or user file that ``locate`` names (None: it says none can be there), and why
+    no file of the user's can be there ("": one may be)."""
     try:
         path = locate()
     except Exception as exc:  # e.g. no HOME and no passwd entry: no such layer (explain shows why)
         return None, f"cannot locate: {exc}"
+    if path is None:
+        return None, ""
     if not os.path.isabs(path):
         # HOME unset for a uid without a passwd entry (containers): "~/.config/..." would be
         # read from the working directory, i.e. from whatever repository is there.

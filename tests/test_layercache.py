@@ -596,3 +596,51 @@ def test_a_directory_holding_only_its_entries_is_tagged_and_used(enabled: Path) 
     assert layercache.get("layer", ("user", "/u/config.toml"), b"x") == ("found", 1)
     layercache.put("layer", ("user", "/w/config.toml"), b"x", ("found", 3))
     assert (enabled / "CACHEDIR.TAG").exists() and len(list(enabled.glob("*.pickle"))) == 2
+
+
+XDG_CASES = [  # HOME is the test's; None: the variable unset
+    {"XDG_CONFIG_HOME": None, "XDG_CONFIG_DIRS": None},
+    {"XDG_CONFIG_HOME": "{tmp}/xdg-home", "XDG_CONFIG_DIRS": "{tmp}/site-a:{tmp}/site-b"},
+    {"XDG_CONFIG_HOME": "", "XDG_CONFIG_DIRS": ""},
+    {"XDG_CONFIG_HOME": "relative/conf", "XDG_CONFIG_DIRS": "{tmp}/only"},
+]
+
+
+@pytest.mark.parametrize("xdg", XDG_CASES)
+def test_platformdirs_is_asked_only_where_a_config_folder_of_ours_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, xdg: dict
+) -> None:
+    """The hook skips platformdirs (importing it costs the first process a fifth of its
+    budget) when no ``autoalloc`` folder is in any XDG configuration directory: each folder
+    platformdirs names for the site and user files must be one of those looked at."""
+    import platformdirs
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    for name, value in xdg.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    monkeypatch.setattr(layercache, "_ENABLED", [True])
+    named = [platformdirs.site_config_dir("autoalloc"), platformdirs.user_config_dir("autoalloc")]
+    if xdg["XDG_CONFIG_DIRS"] is None:
+        assert named[0] == "/etc/xdg/autoalloc" and not Path(named[0]).exists()
+        named = named[1:]  # a system folder, not made here
+    assert layercache._none_there()
+    for folder in named:
+        Path(folder).mkdir(parents=True)
+        assert not layercache._none_there(), folder  # then platformdirs is asked
+        Path(folder).rmdir()
+    assert layercache._none_there()
+    monkeypatch.setattr(layercache, "_ENABLED", [])
+    assert not layercache._none_there()  # the commands always ask platformdirs
+
+
+def test_the_first_process_without_config_folders_does_not_import_platformdirs(sandbox) -> None:
+    first = decide(sandbox)
+    assert not first["platformdirs"] and not first["parsed"] and first["decision"][0] == "none"
+    assert [s[2] for s in first["layers"] if s[0] in ("site", "user")] == ["missing", "missing"]
+    sandbox.user_policy(USER)  # a user file: platformdirs names it, the next process reads it
+    second = decide(sandbox)
+    assert second["platformdirs"] and second["decision"][:2] == ["apply", "lab-a"]
