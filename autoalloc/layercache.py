@@ -1,5 +1,6 @@
 """What autoalloc remembers across processes (``get``, ``put``): each policy layer validated,
-by the exact bytes of its file, and platformdirs' answer for the site and user config files.
+by the exact bytes of its file (the built-in one also as released: ``released``), and
+platformdirs' answer for the site and user config files.
 
 Every process that imports torch reads the policy; parsing TOML in pure Python, validating
 every rule and asking platformdirs cost more than the rest of the decision, and the answers
@@ -17,10 +18,12 @@ at ``import torch``); the commands read the policy files as they are.
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import sys
 import zlib
+from typing import Any
 
 from autoalloc import cachedir
 
@@ -110,6 +113,27 @@ def put(kind: str, key: tuple, data: object, value: object) -> None:
         cachedir.write(_name(full), pickle.dumps((full, data, value), protocol=4))
     except Exception:  # unpicklable, refused, read-only, full, raced: no cache
         pass
+
+
+def released(data: bytes) -> dict | None:
+    """The built-in layer validated for the release, by builtin.toml's bytes ``data``
+    (builtin.json: what the schema's walk kept): no TOML parser or validator in the first
+    process; None when made from other bytes (an edited builtin.toml) or unreadable."""
+    try:
+        with open(os.path.join(_HERE, "builtin.json"), "rb") as f:
+            twin = json.loads(f.read())
+        return _tuples(twin["walked"]) if twin["toml"] == [len(data), zlib.crc32(data)] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _tuples(value: object) -> Any:
+    """JSON's lists as the tuples the walk keeps (a list of strings at once: the most)."""
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if not isinstance(value, list):
+        return value
+    return tuple(value) if all(type(v) is str for v in value) else tuple(map(_tuples, value))
 
 
 def config_path(layer: str) -> str | None:

@@ -25,7 +25,6 @@ from autoalloc.policy import LayerConfig
 # Project file names, in the order they are tried in each directory.
 PROJECT_FILES = ("autoalloc.toml", "pyproject.toml")
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
-RELEASED_BUILTIN_PATH = BUILTIN_PATH[: -len("toml")] + "json"  # sources._released
 WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 Stat = Callable[[str], os.stat_result]
 Locate = Callable[[], "str | None"]  # a site or user file, or None: none can be there

@@ -11,12 +11,9 @@ process and across processes (``layercache``); the wrappers are taken off by ``p
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
-import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from autoalloc import layercache, layerpaths, messages, safefile, wrappers
 from autoalloc.entrypoint import EntryPoint
@@ -186,27 +183,6 @@ def _table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
     return table, tuple(found)
 
 
-def _released(data: bytes) -> dict | None:
-    """builtin.toml as validated for the release (builtin.json: what the schema's walk kept):
-    no TOML parser or validator in the first process; None when made from other bytes (an
-    edited builtin.toml is parsed) or unreadable. ``test_builtin_policy`` checks it."""
-    try:
-        with open(layerpaths.RELEASED_BUILTIN_PATH, "rb") as f:
-            twin = json.loads(f.read())
-        return _tuples(twin["walked"]) if twin["toml"] == [len(data), zlib.crc32(data)] else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _tuples(value: object) -> Any:
-    """JSON's lists as the tuples the walk keeps (a list of strings at once: the most)."""
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    if not isinstance(value, list):
-        return value
-    return tuple(value) if all(type(v) is str for v in value) else tuple(map(_tuples, value))
-
-
 def _project_table(path: str, data: bytes) -> tuple[object, tuple[str, ...]]:
     """``_table`` for a project candidate; a ``pyproject.toml`` that names autoalloc where
     TOML has a key, and has no ``[tool.autoalloc]`` table, is remembered as such across
@@ -356,7 +332,7 @@ def _layer(
     cached = _cached(layer, path, allow_trust, data)
     if cached is not None:
         return cached
-    released = _released(data) if path == BUILTIN_PATH and not allow_trust else None
+    released = layercache.released(data) if path == BUILTIN_PATH and not allow_trust else None
     if released is not None:
         config, notes = walked(Source(layer, path), **released), ()
     else:

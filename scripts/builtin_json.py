@@ -2,7 +2,7 @@
 """Write autoalloc/builtin.json: autoalloc/builtin.toml as validated (what the schema's walk
 keeps of it), with the size and CRC-32 of the bytes it was made from. The first process to
 import torch after an install or an upgrade builds the built-in rules from it instead of
-parsing and validating the TOML (``sources._released``); a builtin.toml edited since is
+parsing and validating the TOML (``layercache.released``); a builtin.toml edited since is
 parsed as it is. Run it after editing builtin.toml or the schema
 (``tests/test_builtin_policy.py`` fails until then)::
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import cli, decide, entrypoint, sources
+from autoalloc import cli, decide, entrypoint, layercache, sources
 from autoalloc.messages import shortened
 from tests.helpers import (
     PY,
@@ -93,6 +93,7 @@ def test_unreachable_home_is_silent(open_dir: Path) -> None:
     env = {"HOME": str(locked), "XDG_CONFIG_HOME": str(locked / ".config")}
 
     def work() -> object:
+        layercache._ENABLED[:] = []  # as explain and doctor read (another test may enable it)
         layers = sources.read_layers(entrypoint.EntryPoint("unknown"), env, str(project))
         policy = sources.load(entrypoint.EntryPoint("unknown"), env, str(project))
         user = next(layer for layer in layers if layer.layer == "user")
