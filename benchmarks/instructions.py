@@ -7,7 +7,9 @@ to well under 1% with ``PYTHONHASHSEED`` fixed). This benchmark uses the venv of
 ``benchmarks/startup.py`` (autoalloc installed from this checkout as a wheel, torch 2.13.0
 CPU, setuptools), compiles the bytecode of everything in it as ``pip install`` does (the
 runs themselves write none), gives every process an empty ``HOME`` (so only the built-in
-policy applies, unless a case brings its own) and counts each case with the hook files in
+policy applies, unless a case brings its own), works in a folder of the system's temporary
+directory (outside every project: a checkout's ``pyproject.toml`` above the scripts would be
+their project's, parsed by the first process) and counts each case with the hook files in
 place and moved aside:
 
 - P1   ``python -c pass``.
@@ -64,7 +66,9 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import textwrap
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -116,6 +120,13 @@ def compile_venv(venv: wall.Venv) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     cmd = [venv.python, "-m", "compileall", "-q", "-j", "0", str(venv._site)]
     subprocess.run(cmd, env=env, capture_output=True)  # exit 1: some of torch's files are not 3.11
+
+
+def work_folder(venv: Path) -> Path:
+    """Where the cases' scripts, projects and ``HOME`` lie: one folder per venv in the system's
+    temporary directory, outside this checkout, whose ``pyproject.toml`` names autoalloc as a
+    key (a console script): above the scripts, it would be their project's file."""
+    return Path(tempfile.gettempdir()) / f"autoalloc-instructions-{zlib.crc32(bytes(venv)):08x}"
 
 
 def environment(work: Path) -> dict[str, str]:
@@ -569,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         wall.pip(venv.python, "--force-reinstall", "--no-deps", str(source))
         venv.prepare()
     compile_venv(venv)
-    work = args.venv.resolve().parent / f"{args.venv.name}-instructions"
+    work = work_folder(args.venv.resolve())
     env = environment(work)
     meta = {
         "python": platform.python_version(),

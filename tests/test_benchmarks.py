@@ -47,6 +47,22 @@ def test_instruction_counts_say_so_and_skip_without_valgrind(tmp_path: Path) -> 
     assert not (tmp_path / "venv").exists()  # nothing built for nothing
 
 
+def test_instruction_counts_run_outside_every_project(tmp_path: Path) -> None:
+    # A project file above the cases' scripts would be their project's: this checkout's
+    # pyproject.toml names autoalloc as a key, so the first process would parse it and the
+    # cold P2 count would hold a parse no user's first process makes.
+    code = ("import pathlib, sys; sys.path.insert(0, sys.argv[1]); import instructions; "
+            "print(instructions.work_folder(pathlib.Path(sys.argv[2])))")  # fmt: skip
+    venv = REPO / "benchmarks" / "out" / "startup-venv"
+    result = subprocess.run([PY, "-c", code, str(REPO / "benchmarks"), str(venv)],
+                            env=clean_env(tmp_path), capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    work = Path(result.stdout.strip())
+    assert REPO not in work.parents
+    above = [d / f for d in work.parents for f in ("pyproject.toml", "autoalloc.toml")]
+    assert not [p for p in above if p.exists()]
+
+
 # ---------------------------------------------------------------------------- benchmarks/startup.py
 
 
