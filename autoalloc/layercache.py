@@ -23,16 +23,18 @@ import os
 import pickle
 import sys
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from autoalloc import cachedir
 
 FORMAT = 1
+T = TypeVar("T")
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _ENABLED: list[bool] = []
 _CODE_IDENTITY: list[str] = []
 _PLATFORMDIRS: list[tuple] = []  # the identity of the installed platformdirs' files
-_PATHS: dict[tuple, tuple] = {}  # the site and user files, by _config_path's key
+_PATHS: dict[tuple, tuple] = {}  # the site and user files, by config_path's key
 
 
 def enable() -> None:
@@ -115,15 +117,18 @@ def put(kind: str, key: tuple, data: object, value: object) -> None:
         pass
 
 
-def released(data: bytes) -> dict | None:
-    """The built-in layer validated for the release, by builtin.toml's bytes ``data``
-    (builtin.json: what the schema's walk kept): no TOML parser or validator in the first
-    process; None when made from other bytes (an edited builtin.toml) or unreadable."""
+def released(data: bytes, build: Callable[..., T]) -> T | None:
+    """The built-in rules validated for the release, by builtin.toml's bytes ``data``
+    (builtin.json: what the schema's walk kept), made by ``build`` from the walked document:
+    the first process parses no rules (a launcher's still parses wrappers.toml). None when
+    made from other bytes (an edited builtin.toml), unreadable, or of a shape ``build`` does
+    not take (the walk changed since builtin.json was made): the TOML is parsed then."""
     try:
         with open(os.path.join(_HERE, "builtin.json"), "rb") as f:
             twin = json.loads(f.read())
-        return _tuples(twin["walked"]) if twin["toml"] == [len(data), zlib.crc32(data)] else None
-    except (OSError, ValueError, KeyError, TypeError):
+        made_from = twin["toml"] == [len(data), zlib.crc32(data)]
+        return build(**_tuples(twin["walked"])) if made_from else None
+    except Exception:  # anything wrong with the twin: the TOML is the truth
         return None
 
 
@@ -165,9 +170,10 @@ def config_path(layer: str) -> str | None:
 
 def _none_there() -> bool:
     """In the hook on Linux, whether no ``autoalloc`` folder is in any XDG configuration
-    directory, where platformdirs names both files (``test_layercache`` holds it to that)."""
-    env = os.environ
-    if not _ENABLED or sys.platform != "linux" or "ANDROID_DATA" in env:
+    directory, where platformdirs names both files (``test_layercache`` holds it to that).
+    An empty or relative HOME: platformdirs takes the password database's, not looked at."""
+    env, home = os.environ, os.environ.get("HOME", "/")
+    if not _ENABLED or sys.platform != "linux" or "ANDROID_DATA" in env or not os.path.isabs(home):
         return False
     dirs = env.get("XDG_CONFIG_DIRS", "").split(":")
     bases = (env.get("XDG_CONFIG_HOME"), "~/.config", "/etc/xdg", *dirs)

@@ -24,6 +24,7 @@ from autoalloc.policy import LayerConfig
 
 # Project file names, in the order they are tried in each directory.
 PROJECT_FILES = ("autoalloc.toml", "pyproject.toml")
+PYPROJECT_OWN = (b"build-system", b"project", b"tool", b"dependency-groups")  # schema's
 BUILTIN_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "builtin.toml")
 WRAPPERS_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "wrappers.toml")
 Stat = Callable[[str], os.stat_result]
@@ -58,6 +59,15 @@ def project_candidates(start: str | None) -> Iterator[str]:
     for directory in ancestors(start) if start else ():
         for name in PROJECT_FILES:
             yield os.path.join(directory, name)
+
+
+def off_pyproject(data: bytes) -> bool:
+    """Whether a key stands before the first table, or a table not of pyproject.toml's own
+    (``PYPROJECT_OWN``): where autoalloc's keys pasted without [tool.autoalloc] land."""
+    lines = [line.strip() for line in data.splitlines() if line.strip()[:1] not in (b"", b"#")]
+    tables = (line.strip(b"[ ").split(b"]")[0].split(b".")[0] for line in lines if line[:1] == b"[")
+    first = lines[0][:1] if lines else b"["
+    return first != b"[" or any(t.strip(b" \"'") not in PYPROJECT_OWN for t in tables)
 
 
 def beside(path: str) -> str | None:

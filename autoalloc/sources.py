@@ -96,13 +96,14 @@ def _pyproject(data: bytes) -> tuple[object, list[str]]:
     """A pyproject.toml's ``[tool.autoalloc]`` table (None: it has none) and a sentence for
     each autoalloc table or key where autoalloc does not read it.
 
-    Parsed only when it names autoalloc (or ``_MISNAMED``) as a key (``_as_key``) or holds
-    one of ``_PASTED``: most pyproject.toml files are not ours, nor one that names autoalloc
-    only as a dependency. One not valid TOML is not ours (None) unless it names ours: LayerError.
+    Parsed only when it names autoalloc (or ``_MISNAMED``) as a key (``_as_key``), holds one
+    of ``_PASTED``, or names autoalloc beside keys off pyproject's own (``layerpaths``);
+    one not valid TOML is not ours (None) unless it names ours: LayerError.
     """
     mentioned = b"autoalloc" in data
     named = any(_as_key(data, name) for name in (b"autoalloc", *_MISNAMED))
-    if not named and not any(header in data for header in _PASTED):
+    pasted = any(h in data for h in _PASTED) or (mentioned and layerpaths.off_pyproject(data))
+    if not named and not pasted:
         return None, []
     try:
         document = parse_toml(data)
@@ -332,10 +333,10 @@ def _layer(
     cached = _cached(layer, path, allow_trust, data)
     if cached is not None:
         return cached
-    released = layercache.released(data) if path == BUILTIN_PATH and not allow_trust else None
-    if released is not None:
-        config, notes = walked(Source(layer, path), **released), ()
-    else:
+    twin = functools.partial(walked, Source(layer, path))
+    config = layercache.released(data, twin) if path == BUILTIN_PATH and not allow_trust else None
+    notes: tuple = ()
+    if config is None:
         table, notes = tables(path, data)
         if table is None:
             return None
@@ -352,7 +353,7 @@ def _layer(
     return done
 
 
-def _config_dir_layer(layer: LayerName, locate: Callable[[], str]) -> LayerStatus:
+def _config_dir_layer(layer: LayerName, locate: layerpaths.Locate) -> LayerStatus:
     path, why = layerpaths.config_file(locate)
     return LayerStatus(layer, path, "missing", why) if why or not path else load_file(layer, path)
 
@@ -425,14 +426,14 @@ def _noted(layers: list[LayerStatus]) -> list[LayerStatus]:
     for layer in layers:
         if layer.config is not None:
             config, unset = next(each)
-            typos = unknown_switches(config, known, _wrapper_names) if switching else []
+            typos = unknown_switches(config, known, wrapper_names) if switching else []
             layer = replace(layer, config=config, notes=(*typos, *unset, *layer.notes))
         out.append(layer)
     return out
 
 
-def _wrapper_names() -> set[str]:  # disable removes a built-in wrapper too
-    return {wrapper.name for wrapper in builtin_wrappers()}
+def wrapper_names() -> frozenset[str]:  # disable removes a built-in wrapper too
+    return frozenset(wrapper.name for wrapper in builtin_wrappers())
 
 
 def load(entry: EntryPoint, env: Mapping[str, str], cwd: str | None) -> Policy:

@@ -7,6 +7,7 @@ in a temporary directory) and ``decide``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -1049,6 +1050,28 @@ def test_builtin_json_is_what_validating_builtin_toml_keeps() -> None:
     assert released == script.released(data), "run: python scripts/builtin_json.py"
     sources._LAYERS.clear()  # built here, not remembered from an earlier test
     layer = sources._layer("builtin", sources.BUILTIN_PATH, data, False)
-    assert layercache.released(data) is not None and layer is not None
+    assert layercache.released(data, dict) is not None and layer is not None
     assert repr(layer.config) == repr(BUILTIN) and layer.config == BUILTIN and not layer.notes
-    assert layercache.released(data + b"\n") is None  # an edited builtin.toml: parsed as it is
+    assert layercache.released(data + b"\n", dict) is None  # an edited builtin.toml: parsed
+
+
+def test_a_builtin_json_of_another_shape_is_passed_over_for_the_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # builtin.json made before the walk kept another field: the TOML is parsed, never a raise
+    data = Path(sources.BUILTIN_PATH).read_bytes()
+    twin = json.loads((Path(sources.BUILTIN_PATH).parent / "builtin.json").read_text("utf-8"))
+    twin["walked"]["extra"] = 1
+    (tmp_path / "builtin.json").write_text(json.dumps(twin), encoding="utf-8")
+    monkeypatch.setattr(layercache, "_HERE", str(tmp_path))
+    parsed: list[bytes] = []
+    real = sources.parse_toml
+
+    def parse_toml(text: bytes) -> dict:
+        parsed.append(text)
+        return real(text)
+
+    monkeypatch.setattr(sources, "parse_toml", parse_toml)
+    monkeypatch.setattr(sources, "_LAYERS", {})
+    layer = sources._layer("builtin", sources.BUILTIN_PATH, data, False)
+    assert layer is not None and layer.config == BUILTIN and parsed == [data]

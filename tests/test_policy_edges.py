@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from autoalloc import cli, envvars, sources
+from autoalloc import cli, envvars, layerpaths, schema, sources
 from autoalloc.entrypoint import EntryPoint
 from tests.helpers import (
     NEMO,
@@ -124,6 +124,40 @@ def test_autoalloc_is_read_as_a_key_wherever_toml_could_have_it_so(
     except sources.LayerError:
         read = "broken"
     assert read == found.replace("not parsed", "no table")
+
+
+PASTED_BESIDE_A_DEPENDENCY = [  # autoalloc named only as a dependency, its keys at the top
+    ('disable = ["hf-asr-examples"]\n[project]\ndependencies = ["autoalloc"]\n',
+     "tool.autoalloc.disable = [...]"),
+    ('# pasted\n\nenabled = false\n[project]\ndependencies = ["autoalloc"]\n',
+     "tool.autoalloc.enabled = ..."),
+    ('[project]\ndependencies = ["autoalloc"]\n[module_sets]\nmine = ["foo"]\n',
+     "write [tool.autoalloc.module_sets]"),
+    ('[project]\ndependencies = ["autoalloc"]\n[[wrappers]]\nname = "w"\n',
+     "write [[tool.autoalloc.wrappers]]"),
+]
+
+
+@pytest.mark.parametrize(("text", "right"), PASTED_BESIDE_A_DEPENDENCY)
+def test_autoalloc_keys_at_the_top_beside_a_dependency_are_a_broken_policy(
+    tmp_path: Path, text: str, right: str
+) -> None:
+    (tmp_path / "pyproject.toml").write_text(text)
+    found = find_project(str(tmp_path))
+    assert found is not None and found.status == "error" and right in found.message
+
+
+def test_a_dependency_among_pyprojects_own_tables_is_not_parsed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = ('# a project\n[build-system]\nrequires = ["hatchling"]\n[project]\nname = "x"\n'
+            'dependencies = [\n  "autoalloc",\n  "torch",\n]\n[project.optional-dependencies]\n'
+            'gpu = ["autoalloc"]\n[ "tool" . black ]\nline-length = 100\n[dependency-groups]\n'
+            'dev = ["autoalloc"]\n[[tool.mypy.overrides]]\nmodule = "x"\n')  # fmt: skip
+    (tmp_path / "pyproject.toml").write_text(text)
+    monkeypatch.setattr(sources, "parse_toml", lambda data: pytest.fail("parsed"))
+    assert find_project(str(tmp_path)) is None
+    assert layerpaths.PYPROJECT_OWN == tuple(n.encode() for n in schema.PYPROJECT_OWN)
 
 
 MISNAMED = [
