@@ -253,7 +253,7 @@ def _file_problems(
     names = known | {rule.name for rule in config.rules}
     problems = [
         *sources.pyproject_problems(path, data),
-        *unknown_switches(config, names, _wrapper_names),
+        *unknown_switches(config, names, sources.wrapper_names),
         *problems,
         *linked,
         *_dead_triggers(config.rules),
@@ -277,10 +277,6 @@ def _linked(config: LayerConfig, layers: Sequence[LayerStatus]) -> tuple[LayerCo
              and LAYERS.index(layer.layer) < rank]  # fmt: skip
     *_, (linked, problems) = link([*below, config])
     return linked, [problem.sentence() for problem in problems]
-
-
-def _wrapper_names() -> frozenset[str]:
-    return frozenset(wrapper.name for wrapper in sources.builtin_wrappers())
 
 
 def _dead_triggers(rules: Sequence[Rule]) -> list[str]:

@@ -65,11 +65,16 @@ def printable(text: str) -> str:
 def debug(message: str) -> None:
     """One line to stderr when ``AUTOALLOC_DEBUG`` is on."""
     if debug_enabled():
-        try:
-            sys.stderr.write(f"autoalloc: {printable(message)}\n")
-            sys.stderr.flush()
-        except Exception:
-            pass
+        say(message)
+
+
+def say(message: str) -> None:
+    """One line to stderr, printable (a closed or broken stderr: nothing)."""
+    try:
+        sys.stderr.write(f"autoalloc: {printable(message)}\n")
+        sys.stderr.flush()
+    except Exception:
+        pass
 
 
 _IMPORTLIB_DIR = os.path.dirname(getattr(importlib, "__file__", None) or "<no importlib file>")

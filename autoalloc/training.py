@@ -46,9 +46,3 @@ def install(optimizer_class: Any, on_first: Callable[[], None]) -> bool:
     optimizer_class.__init__ = __init__
     return True
 
-
-def uninstall(optimizer_class: Any) -> None:
-    """Put torch's ``__init__`` back if the wrapper is still there (AUTOALLOC_DISABLE, tests)."""
-    current = optimizer_class.__dict__.get("__init__")
-    if getattr(current, _MARK, False):
-        optimizer_class.__init__ = current.__wrapped__

@@ -57,6 +57,7 @@ from autoalloc.envvars import (
     global_rank,
     rank_vars,
 )
+from autoalloc.messages import say, shortened
 
 DEFAULT_WARMUP = 20
 SCHEMA = "autoalloc-report/1"
@@ -100,16 +101,6 @@ _WRITE_FLAGS = (
 )
 
 
-def _say(message: str) -> None:
-    from autoalloc.messages import printable
-
-    try:
-        sys.stderr.write(f"autoalloc: {printable(message)}\n")
-        sys.stderr.flush()
-    except Exception:
-        pass
-
-
 def emit(path: str | None, line: str) -> bool:
     """Write one report line to ``path`` (None: stderr) without replacing what ``path`` is.
 
@@ -123,8 +114,6 @@ def emit(path: str | None, line: str) -> bool:
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
         return True
-    from autoalloc.messages import shortened
-
     parent = os.path.dirname(path)
     if parent and not os.path.lexists(path):
         os.makedirs(parent, exist_ok=True)
@@ -134,7 +123,7 @@ def emit(path: str | None, line: str) -> bool:
         import errno
 
         why = _unavailable(path) if exc.errno == errno.ENXIO else exc
-        _say(f"AUTOALLOC_REPORT={shortened(path)}: not written: {why}")
+        say(f"AUTOALLOC_REPORT={shortened(path)}: not written: {why}")
         return False
     try:
         mode = os.fstat(fd).st_mode
@@ -144,7 +133,7 @@ def emit(path: str | None, line: str) -> bool:
             os.set_blocking(fd, True)  # a reader is there: a report longer than its pipe waits
             _write_all(fd, data)
         else:
-            _say(
+            say(
                 f"AUTOALLOC_REPORT={shortened(path)}: not written: neither a regular file, a "
                 "directory, a FIFO nor a character device"
             )
@@ -441,7 +430,7 @@ class Recorder:
             else:
                 emit(path, text)
         except Exception as exc:
-            _say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
+            say(f"could not write the AUTOALLOC_REPORT report: {exc!r}")
         finally:
             self.writing = False
         deferred, self.deferred = self.deferred, None
