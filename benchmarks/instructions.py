@@ -126,7 +126,8 @@ def work_folder(venv: Path) -> Path:
     """Where the cases' scripts, projects and ``HOME`` lie: one folder per venv in the system's
     temporary directory, outside this checkout, whose ``pyproject.toml`` names autoalloc as a
     key (a console script): above the scripts, it would be their project's file."""
-    return Path(tempfile.gettempdir()) / f"autoalloc-instructions-{zlib.crc32(bytes(venv)):08x}"
+    name = f"autoalloc-instructions-{os.getuid()}-{zlib.crc32(bytes(venv)):08x}"
+    return Path(tempfile.gettempdir()) / name
 
 
 def environment(work: Path) -> dict[str, str]:
@@ -581,6 +582,9 @@ def main(argv: list[str] | None = None) -> int:
         venv.prepare()
     compile_venv(venv)
     work = work_folder(args.venv.resolve())
+    work.mkdir(mode=0o700, exist_ok=True)
+    if work.stat().st_uid != os.getuid():  # a shared temporary directory: another user's
+        raise SystemExit(f"instructions.py: {work} belongs to another user; remove it")
     env = environment(work)
     meta = {
         "python": platform.python_version(),
